@@ -1,0 +1,3 @@
+from reach.cli import main
+
+main()

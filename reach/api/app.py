@@ -1,0 +1,156 @@
+"""Application factory: everything the API needs is passed in, nothing is global."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Annotated, Any, TypeVar
+
+from fastapi import APIRouter, FastAPI, Query, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from reach import registry
+from reach.api.problems import BodyLimitMiddleware, install_problem_handlers
+from reach.clock import Clock, SystemClock
+from reach.errors import HubUnavailable, RegistrationConflict
+from reach.health import InstanceStatus
+from reach.schemas import (
+    DeregisterRequest,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    RegisterRequest,
+    RegisterResponse,
+)
+from reach.settings import Settings
+from reach.storage import create_engine_for, session_factory
+
+T = TypeVar("T")
+
+
+@dataclass
+class HubContext:
+    """What a request handler may touch: settings, the database and the hub's clock."""
+
+    settings: Settings
+    engine: Engine
+    clock: Clock = field(default_factory=SystemClock)
+    sessions: sessionmaker[Session] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.sessions = session_factory(self.engine)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, clock: Clock | None = None) -> HubContext:
+        engine = create_engine_for(settings.storage.resolved_database_url)
+        return cls(settings=settings, engine=engine, clock=clock or SystemClock())
+
+    @property
+    def missed_intervals(self) -> int:
+        return self.settings.heartbeat.missed_intervals
+
+    @contextmanager
+    def transaction(self) -> Iterator[Session]:
+        """One transaction; database outages surface as a 503 problem, not a 500."""
+        try:
+            with self.sessions.begin() as session:
+                yield session
+        except OperationalError as exc:
+            raise HubUnavailable(f"the hub's database is unavailable: {exc.orig}") from exc
+
+    def write(self, work: Callable[[Session], T]) -> T:
+        """Run ``work`` in a transaction; retry once if a concurrent writer won a unique race."""
+        for attempt in (1, 2):
+            try:
+                with self.transaction() as session:
+                    return work(session)
+            except IntegrityError as exc:
+                if attempt == 2:
+                    raise RegistrationConflict(
+                        "a concurrent request changed the same record; retry", cause=str(exc.orig)
+                    ) from exc
+        raise AssertionError("unreachable")
+
+
+def create_app(ctx: HubContext) -> FastAPI:
+    app = FastAPI(
+        title="Agent-Reach hub",
+        version="0.1.0",
+        description="Registry, reachability and delivery between AI agents.",
+    )
+    app.state.ctx = ctx
+    install_problem_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=ctx.settings.server.max_body_bytes)
+    app.include_router(_health_router(ctx))
+    app.include_router(_agent_router(ctx))
+    app.include_router(_admin_router(ctx))
+    return app
+
+
+def _health_router(ctx: HubContext) -> APIRouter:
+    router = APIRouter(tags=["health"])
+
+    @router.get("/healthz")
+    def healthz() -> dict[str, Any]:
+        with ctx.transaction() as session:
+            session.execute(text("SELECT 1"))
+        return {"status": "ok", "time": ctx.clock.now()}
+
+    return router
+
+
+def _agent_router(ctx: HubContext) -> APIRouter:
+    router = APIRouter(prefix="/v1/agents", tags=["agents (agent-facing)"])
+
+    @router.post(
+        "/register", response_model=RegisterResponse, responses={200: {}, 201: {}, 409: {}, 422: {}}
+    )
+    def register(body: RegisterRequest, request: Request) -> JSONResponse:
+        result = ctx.write(
+            lambda s: registry.register(s, body, ctx.clock.now(), ctx.missed_intervals)
+        )
+        return JSONResponse(result.model_dump(), status_code=201 if result.created else 200)
+
+    @router.post("/heartbeat", response_model=HeartbeatResponse, responses={404: {}})
+    def heartbeat(body: HeartbeatRequest) -> HeartbeatResponse:
+        def work(session: Session) -> HeartbeatResponse:
+            row = registry.heartbeat(session, body, ctx.clock.now())
+            return HeartbeatResponse(status=row.status, next_heartbeat_in=row.heartbeat_interval)
+
+        return ctx.write(work)
+
+    @router.post("/deregister", responses={404: {}})
+    def deregister(body: DeregisterRequest) -> dict[str, str]:
+        ctx.write(lambda s: registry.deregister(s, body, ctx.clock.now()))
+        return {"instance_id": body.instance_id, "status": InstanceStatus.DEREGISTERED.value}
+
+    return router
+
+
+def _admin_router(ctx: HubContext) -> APIRouter:
+    router = APIRouter(prefix="/api/v1", tags=["admin"])
+
+    @router.get("/agents")
+    def list_agents(
+        tag: Annotated[list[str] | None, Query()] = None,
+        capability: str | None = None,
+        status: InstanceStatus | None = None,
+    ) -> dict[str, Any]:
+        flt = registry.AgentFilter(
+            tag=tuple(tag or ()),
+            capability=capability,
+            status=status.value if status else None,
+        )
+        with ctx.transaction() as session:
+            agents = registry.list_agents(session, flt, ctx.clock.now(), ctx.missed_intervals)
+        return {"agents": agents}
+
+    @router.get("/agents/{agent_id}", responses={404: {}})
+    def get_agent(agent_id: str) -> dict[str, Any]:
+        with ctx.transaction() as session:
+            return registry.get_agent(session, agent_id, ctx.clock.now(), ctx.missed_intervals)
+
+    return router

@@ -1,0 +1,35 @@
+"""The embedded broker: kombu's SQLAlchemy transport over SQLite, tuned for several processes.
+
+kombu hands ``broker_transport_options`` straight to ``create_engine``, so the polling
+interval (1 s by default, which would add up to a second to every hop) is set on the
+transport class instead, and SQLite gets WAL and a busy timeout like the hub's own store.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kombu.transport import sqlalchemy as kombu_sqla
+from sqlalchemy import event
+
+POLLING_INTERVAL = 0.05
+
+
+class Channel(kombu_sqla.Channel):
+    def _engine_from_config(self) -> Any:
+        engine = super()._engine_from_config()  # type: ignore[no-untyped-call]
+        if engine.dialect.name == "sqlite":
+            event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+
+
+class Transport(kombu_sqla.Transport):
+    Channel = Channel
+    polling_interval = POLLING_INTERVAL
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.close()

@@ -1,0 +1,258 @@
+"""One exception tree for the whole project, so callers catch by meaning.
+
+    ReachError
+    ├── ConfigError                 bad setting at start-up (names the key)
+    ├── RegistryError
+    │   ├── InvalidRegistration     body or capability declaration rejected
+    │   ├── LoopbackAddress         a loopback endpoint without allow_loopback
+    │   ├── RegistrationConflict    same agent/instance declared differently
+    │   └── UnknownInstance         heartbeat/deregister for an instance we never saw
+    ├── RoutingError
+    │   └── NoSuitableAgent
+    ├── DeliveryError
+    │   ├── AgentUnreachable
+    │   ├── AgentTimeout
+    │   ├── Backpressure
+    │   └── BusinessError
+    ├── HubUnavailable              the SDK could not reach the hub
+    ├── DagError
+    ├── SecurityError
+    ├── LoopDetected
+    └── SessionClosed
+
+Every class carries a stable problem ``slug``; the API turns it into the
+``type`` of an ``application/problem+json`` answer and the SDK turns such an
+answer back into the same class, so the error a caller catches does not
+depend on which side noticed the problem.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+PROBLEM_TYPE_PREFIX = "urn:agent-reach:problem:"
+
+
+class ReachError(Exception):
+    """Base of every error Agent-Reach raises on purpose."""
+
+    slug: ClassVar[str] = "reach-error"
+    status: ClassVar[int] = 500
+    title: ClassVar[str] = "Agent-Reach error"
+
+    def __init__(self, detail: str, **extra: Any) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.extra = extra
+
+    @classmethod
+    def problem_type(cls) -> str:
+        return PROBLEM_TYPE_PREFIX + cls.slug
+
+    def to_problem(self, instance: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "type": self.problem_type(),
+            "title": self.title,
+            "status": self.status,
+            "detail": self.detail,
+        }
+        if instance:
+            body["instance"] = instance
+        body.update(self.extra)
+        return body
+
+
+class ConfigError(ReachError):
+    """A setting is missing or invalid; the message names the key."""
+
+    slug = "config-error"
+    title = "Invalid configuration"
+
+
+class RegistryError(ReachError):
+    """The registry refused a request."""
+
+    slug = "registry-error"
+    status = 400
+    title = "Registry error"
+
+
+class InvalidRegistration(RegistryError):
+    """A registration, heartbeat or capability declaration is malformed."""
+
+    slug = "invalid-request"
+    status = 422
+    title = "Invalid request"
+
+
+class LoopbackAddress(RegistryError):
+    """A loopback address was given without the explicit local-development opt-in."""
+
+    slug = "loopback-address"
+    status = 422
+    title = "Loopback address refused"
+
+
+class RegistrationConflict(RegistryError):
+    """The agent or instance is already registered with different data."""
+
+    slug = "registration-conflict"
+    status = 409
+    title = "Registration conflict"
+
+
+class UnknownInstance(RegistryError):
+    """The instance named is not registered (or was deregistered)."""
+
+    slug = "unknown-instance"
+    status = 404
+    title = "Unknown instance"
+
+
+class UnknownAgent(RegistryError):
+    """No agent with this ID is registered."""
+
+    slug = "unknown-agent"
+    status = 404
+    title = "Unknown agent"
+
+
+class RoutingError(ReachError):
+    """No route could be chosen for a task."""
+
+    slug = "routing-error"
+    status = 422
+    title = "Routing error"
+
+
+class NoSuitableAgent(RoutingError):
+    """No registered, routable instance matches the filter."""
+
+    slug = "no-suitable-agent"
+    status = 404
+    title = "No suitable agent"
+
+
+class DeliveryError(ReachError):
+    """A task could not be delivered or completed."""
+
+    slug = "delivery-error"
+    status = 502
+    title = "Delivery error"
+
+
+class AgentUnreachable(DeliveryError):
+    """The agent refused the connection or could not be reached."""
+
+    slug = "agent-unreachable"
+    title = "Agent unreachable"
+
+
+class AgentTimeout(DeliveryError):
+    """The agent did not answer in time."""
+
+    slug = "agent-timeout"
+    status = 504
+    title = "Agent timeout"
+
+
+class Backpressure(DeliveryError):
+    """The target is full; try again later (not a failure)."""
+
+    slug = "backpressure"
+    status = 429
+    title = "Backpressure"
+
+
+class BusinessError(DeliveryError):
+    """The agent answered with a non-zero business code; never retried blindly."""
+
+    slug = "business-error"
+    status = 422
+    title = "Business error"
+
+    def __init__(self, code: int, message: str = "", **extra: Any) -> None:
+        super().__init__(message or f"business error {code}", code=code, **extra)
+        self.code = code
+        self.message = message
+
+
+class HubUnavailable(ReachError):
+    """The SDK could not reach the hub (connection refused, timeout, 5xx)."""
+
+    slug = "hub-unavailable"
+    status = 503
+    title = "Hub unavailable"
+
+
+class DagError(ReachError):
+    """A DAG definition or run is invalid."""
+
+    slug = "dag-error"
+    status = 422
+    title = "DAG error"
+
+
+class SecurityError(ReachError):
+    """Authentication or authorisation failed."""
+
+    slug = "security-error"
+    status = 403
+    title = "Forbidden"
+
+
+class LoopDetected(ReachError):
+    """A reach would close a dependency loop between agents."""
+
+    slug = "loop-detected"
+    status = 508
+    title = "Dependency loop detected"
+
+
+class SessionClosed(ReachError):
+    """The user session behind this reach is closed."""
+
+    slug = "session-closed"
+    status = 410
+    title = "Session closed"
+
+
+class RequestTooLarge(ReachError):
+    """The request body exceeds the configured limit."""
+
+    slug = "payload-too-large"
+    status = 413
+    title = "Payload too large"
+
+
+class MalformedRequest(ReachError):
+    """The request body is not valid JSON or not of the expected shape."""
+
+    slug = "malformed-request"
+    status = 400
+    title = "Malformed request"
+
+
+def _all_subclasses(cls: type[ReachError]) -> list[type[ReachError]]:
+    found: list[type[ReachError]] = []
+    for sub in cls.__subclasses__():
+        found.append(sub)
+        found.extend(_all_subclasses(sub))
+    return found
+
+
+def error_for_problem(problem: dict[str, Any], fallback_status: int) -> ReachError:
+    """Rebuild the typed error from a problem document (the SDK side of the edge)."""
+    ptype = str(problem.get("type", ""))
+    detail = str(problem.get("detail") or problem.get("title") or f"HTTP {fallback_status}")
+    extra = {k: v for k, v in problem.items() if k not in {"type", "title", "status", "detail"}}
+    candidates: list[type[ReachError]] = [ReachError, *_all_subclasses(ReachError)]
+    for cls in candidates:
+        if cls.problem_type() == ptype:
+            if cls is BusinessError:
+                code = int(extra.pop("code", 1))
+                return BusinessError(code, detail, **extra)
+            return cls(detail, **extra)
+    if fallback_status >= 500:
+        return HubUnavailable(detail, status=fallback_status)
+    return ReachError(detail, status=fallback_status, **extra)

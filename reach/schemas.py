@@ -1,0 +1,124 @@
+"""Wire records of the agent-facing API, shared by the hub and the SDK.
+
+Every model forbids unknown fields: a typo in a registration is an error the agent
+sees at once, not a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from jsonschema import Draft202012Validator, SchemaError
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from reach.endpoints import parse_endpoint
+
+AgentId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")]
+InstanceId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")]
+Tag = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,63}$")]
+CapabilityType = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")]
+MetadataValue = str | int | float | bool
+
+
+class WireModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def check_json_schema(schema: dict[str, Any], field: str) -> dict[str, Any]:
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "<root>"
+        raise ValueError(f"{field} is not a valid JSON Schema at {where}: {exc.message}") from None
+    return schema
+
+
+class Capability(WireModel):
+    """What an agent can do, declared at registration and checked before delivery."""
+
+    type: CapabilityType
+    description: str = Field("", max_length=2000)
+    params_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    return_schema: dict[str, Any] | None = None
+    estimated_latency: float | None = Field(None, ge=0, description="milliseconds")
+    danger_level: Literal["low", "medium", "high"] = "low"
+    require_approval: bool = False
+
+    @field_validator("params_schema")
+    @classmethod
+    def _params_schema(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return check_json_schema(value, "params_schema")
+
+    @field_validator("return_schema")
+    @classmethod
+    def _return_schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if value is None else check_json_schema(value, "return_schema")
+
+
+class RegisterRequest(WireModel):
+    agent_id: AgentId
+    instance_id: InstanceId | None = None
+    addr: str = Field(min_length=1, max_length=512)
+    public_endpoint: str | None = Field(None, max_length=512)
+    tags: list[Tag] = Field(default_factory=list, max_length=64)
+    capabilities: list[Capability] = Field(default_factory=list, max_length=256)
+    metadata: dict[Annotated[str, Field(max_length=64)], MetadataValue] = Field(
+        default_factory=dict, max_length=64
+    )
+    max_concurrency: int = Field(8, ge=1, le=100_000)
+    heartbeat_interval: float = Field(10.0, ge=0.05, le=3600)
+    allow_loopback: bool = False
+    version: str = Field("", max_length=64)
+
+    @field_validator("addr", "public_endpoint")
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_endpoint(value)
+        return value
+
+    @field_validator("tags")
+    @classmethod
+    def _unique_tags(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("tags must be unique")
+        return sorted(value)
+
+    @model_validator(mode="after")
+    def _unique_capabilities(self) -> RegisterRequest:
+        seen: set[str] = set()
+        for cap in self.capabilities:
+            if cap.type in seen:
+                raise ValueError(f"capability type {cap.type!r} is declared twice")
+            seen.add(cap.type)
+        return self
+
+
+class RegisterResponse(WireModel):
+    agent_id: str
+    instance_id: str
+    status: str
+    endpoint: str
+    heartbeat_interval: float
+    created: bool
+
+
+class HeartbeatRequest(WireModel):
+    agent_id: AgentId
+    instance_id: InstanceId
+    current_load: float = Field(0.0, ge=0)
+    in_flight: int = Field(0, ge=0)
+    max_concurrency: int | None = Field(None, ge=1, le=100_000)
+    last_task_duration_ms: float | None = Field(None, ge=0)
+    consecutive_failure_count: int = Field(0, ge=0)
+    sent_at: float | None = Field(None, description="agent clock; recorded, never trusted")
+
+
+class HeartbeatResponse(WireModel):
+    status: str
+    next_heartbeat_in: float
+
+
+class DeregisterRequest(WireModel):
+    agent_id: AgentId
+    instance_id: InstanceId

@@ -1,0 +1,76 @@
+"""Engines for both stores, with the settings each one needs to survive several processes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+
+
+def create_engine_for(url: str, **kwargs: Any) -> Engine:
+    """Create an engine; SQLite gets WAL and a busy timeout (API, worker and beat all write)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        database = parsed.database
+        if database and database != ":memory:":
+            Path(database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"timeout": 30}, **kwargs)
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    kwargs.setdefault("pool_pre_ping", True)
+    return create_engine(url, **kwargs)
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
+
+
+def session_factory(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+def alembic_config(url: str) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+def upgrade_database(url: str, revision: str = "head") -> None:
+    """Apply migrations up to ``revision`` (idempotent)."""
+    command.upgrade(alembic_config(url), revision)
+
+
+def downgrade_database(url: str, revision: str) -> None:
+    command.downgrade(alembic_config(url), revision)
+
+
+def database_revision_problem(url: str) -> str | None:
+    """Say why the database is not at the code's schema head, or None if it is."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+    engine = create_engine_for(url)
+    try:
+        with engine.connect() as conn:
+            current = MigrationContext.configure(conn).get_current_revision()
+    except Exception as exc:  # any driver error means "not usable"; say which
+        return f"cannot connect: {exc}"
+    finally:
+        engine.dispose()
+    if current != head:
+        return f"schema is at {current or 'nothing'}, code needs {head}: run `reach db upgrade`"
+    return None

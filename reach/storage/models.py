@@ -1,0 +1,135 @@
+"""Tables of the hub. Timestamps are float epoch seconds from the hub's clock.
+
+Floats keep SQLite and PostgreSQL identical (no naive/aware datetime drift) and make
+controlled-clock tests exact. The schema itself is owned by Alembic migrations;
+these models must match them (a migration test checks it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class AgentRow(Base):
+    __tablename__ = "agents"
+
+    agent_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    tags: Mapped[list[str]] = mapped_column(JSON, default=list)
+    capabilities: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
+    trust_level: Mapped[str] = mapped_column(String(8), default="L2")
+    created_at: Mapped[float] = mapped_column(Double)
+    updated_at: Mapped[float] = mapped_column(Double)
+
+
+class InstanceRow(Base):
+    __tablename__ = "instances"
+    __table_args__ = (Index("ix_instances_agent_status", "agent_id", "status"),)
+
+    instance_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    agent_id: Mapped[str] = mapped_column(
+        String(128), ForeignKey("agents.agent_id", ondelete="CASCADE")
+    )
+    endpoint: Mapped[str] = mapped_column(String(512))
+    public_endpoint: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    version: Mapped[str] = mapped_column(String(64), default="")
+    max_concurrency: Mapped[int] = mapped_column(Integer)
+    heartbeat_interval: Mapped[float] = mapped_column(Double)
+    allow_loopback: Mapped[bool] = mapped_column(Boolean, default=False)
+    status: Mapped[str] = mapped_column(String(16))
+    registered_at: Mapped[float] = mapped_column(Double)
+    last_heartbeat: Mapped[float] = mapped_column(Double)
+    status_changed_at: Mapped[float] = mapped_column(Double)
+    heartbeat_count: Mapped[int] = mapped_column(Integer, default=0)
+    current_load: Mapped[float] = mapped_column(Double, default=0.0)
+    in_flight: Mapped[int] = mapped_column(Integer, default=0)
+    last_task_duration_ms: Mapped[float | None] = mapped_column(Double, nullable=True)
+    consecutive_failure_count: Mapped[int] = mapped_column(Integer, default=0)
+    agent_reported_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+
+
+class TaskRow(Base):
+    __tablename__ = "tasks"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(String(128), unique=True)
+    agent_id: Mapped[str | None] = mapped_column(String(128), nullable=True, index=True)
+    target: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    method: Mapped[str] = mapped_column(String(128))
+    payload: Mapped[Any] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(24), index=True)
+    attempt_seq: Mapped[int] = mapped_column(Integer, default=0)
+    instance_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    session_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    trace: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    timeout_ms: Mapped[int] = mapped_column(Integer, default=30_000)
+    deadline: Mapped[float | None] = mapped_column(Double, nullable=True)
+    result: Mapped[Any] = mapped_column(JSON, nullable=True)
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    created_at: Mapped[float] = mapped_column(Double)
+    updated_at: Mapped[float] = mapped_column(Double)
+
+
+class TaskEventRow(Base):
+    __tablename__ = "task_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(String(128), index=True)
+    agent_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    instance_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    attempt_seq: Mapped[int] = mapped_column(Integer, default=0)
+    kind: Mapped[str] = mapped_column(String(32))
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    at: Mapped[float] = mapped_column(Double)
+
+
+class OutboxRow(Base):
+    """One publication of one delivery attempt; the unique key makes relaying idempotent."""
+
+    __tablename__ = "outbox"
+    __table_args__ = (
+        UniqueConstraint("agent_id", "task_id", "attempt_seq", name="uq_outbox_attempt"),
+        Index("ix_outbox_unpublished", "published_at", "created_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(String(128))
+    agent_id: Mapped[str] = mapped_column(String(128))
+    attempt_seq: Mapped[int] = mapped_column(Integer)
+    message: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[float] = mapped_column(Double)
+    available_at: Mapped[float] = mapped_column(Double)
+    published_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+
+
+class DeadLetterRow(Base):
+    __tablename__ = "dead_letters"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(String(128), index=True)
+    agent_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    method: Mapped[str] = mapped_column(String(128))
+    payload: Mapped[Any] = mapped_column(JSON)
+    attempts: Mapped[int] = mapped_column(Integer)
+    last_error: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[float] = mapped_column(Double)
+    replayed_at: Mapped[float | None] = mapped_column(Double, nullable=True)
