@@ -142,7 +142,9 @@ class Agent:
         return answer
 
     def heartbeat(self) -> dict[str, Any]:
-        """Send one heartbeat now; re-register if the hub no longer knows this instance."""
+        """Send one heartbeat now; (re-)register if the hub does not know this instance."""
+        if not self._registered:
+            return self.register()
         with self._lock:
             body = HeartbeatRequest(
                 agent_id=self.agent_id,
@@ -212,10 +214,13 @@ class Agent:
         try:
             if not self._registered:
                 self.register()
-            self.start_heartbeat()
+        except HubUnavailable as exc:
+            # The hub may start after its agents; the heartbeat loop keeps trying.
+            log.warning("hub unavailable, will register when it answers: %s", exc)
         except BaseException:
             self._close_server()
             raise
+        self.start_heartbeat()
 
     def serve(self) -> None:
         """Serve until SIGINT/SIGTERM (or ``close()``), then deregister cleanly."""

@@ -17,7 +17,7 @@ app = typer.Typer(help="Agent-Reach: the reach layer between AI agents.", no_arg
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)
 
 HubOption = Annotated[
     str | None, typer.Option("--hub", help="Hub URL (default: $REACH_HUB_URL or 127.0.0.1:8800)")

@@ -1,0 +1,122 @@
+"""An SDK agent in its own process against a hub running as its own process, on both stores."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from tests.conftest import REPO, free_port, hub_env, wait_until
+
+
+def start_agent(script: Path, hub: str, port: int, *extra: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, str(script), "--port", str(port), "--hub", hub, *extra],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def instances(hub: str, agent_id: str) -> list[dict[str, Any]]:
+    r = requests.get(f"{hub}/api/v1/agents", params={"status": None}, timeout=5)
+    for agent in r.json()["agents"]:
+        if agent["agent_id"] == agent_id:
+            return list(agent["instances"])
+    return []
+
+
+def test_sdk_agent_registers_heartbeats_and_deregisters(hub_api: str, store_url: str, tmp_path: Path) -> None:
+    port = free_port()
+    agent = start_agent(REPO / "examples" / "doc_analyzer.py", hub_api, port, "--heartbeat-interval", "0.3")
+    try:
+        live = wait_until(
+            lambda: [i for i in instances(hub_api, "doc-analyzer-01") if i["heartbeat_count"] >= 2],
+            timeout=20, what="two heartbeats",
+        )
+        assert live[0]["status"] == "online"
+        assert live[0]["endpoint"] == f"http://127.0.0.1:{port}"
+        assert live[0]["max_concurrency"] == 8
+
+        # the CLI shows the same fleet, as a table and as JSON
+        env = hub_env(store_url, tmp_path)
+        table = subprocess.run([sys.executable, "-m", "reach", "agents", "--hub", hub_api],
+                               env={**env, "COLUMNS": "200"}, capture_output=True, text=True, timeout=30)
+        assert table.returncode == 0, table.stderr
+        assert "doc-analyzer-01" in table.stdout and "online" in table.stdout
+        as_json = subprocess.run(
+            [sys.executable, "-m", "reach", "agents", "--json", "--capability", "task.process",
+             "--hub", hub_api], env=env, capture_output=True, text=True, timeout=30)
+        body = json.loads(as_json.stdout)
+        assert [a["agent_id"] for a in body["agents"]] == ["doc-analyzer-01"]
+
+        # the agent's own endpoint really serves its handler
+        answer = requests.post(f"http://127.0.0.1:{port}/tasks/task.process",
+                               json={"task_id": "t-1", "payload": {"doc_id": "d", "text": "a b c"}},
+                               timeout=5)
+        assert answer.json() == {"code": 0, "data": {"doc_id": "d", "words": 3, "task_id": "t-1"}}
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        out, _ = agent.communicate(timeout=15)
+    assert agent.returncode == 0, out.decode()
+    # a clean shutdown deregisters the instance
+    gone = requests.get(f"{hub_api}/api/v1/agents", params={"status": "deregistered"}, timeout=5)
+    assert gone.json()["agents"][0]["instances"][0]["status"] == "deregistered"
+    assert instances(hub_api, "doc-analyzer-01") == []
+
+
+def test_stuck_handlers_do_not_stop_heartbeats(hub_api: str) -> None:
+    port = free_port()
+    agent = start_agent(REPO / "tests" / "acceptance" / "agents" / "stuck_agent.py", hub_api, port)
+    try:
+        wait_until(lambda: instances(hub_api, "stuck-agent"), timeout=20, what="registration")
+        url = f"http://127.0.0.1:{port}/tasks/work.block"
+        for n in range(2):  # occupy both workers; these requests never finish
+            threading.Thread(
+                target=_post_ignoring_timeout, args=(url, {"task_id": f"t{n}", "payload": {}}),
+                daemon=True,
+            ).start()
+        wait_until(lambda: instances(hub_api, "stuck-agent")[0]["in_flight"] == 2, timeout=10,
+                   what="in_flight 2")
+        # a third request is refused at once with backpressure, not queued
+        third = requests.post(url, json={"task_id": "t3", "payload": {}}, timeout=5)
+        assert third.status_code == 429
+        count = instances(hub_api, "stuck-agent")[0]["heartbeat_count"]
+        time.sleep(1.5)
+        inst = instances(hub_api, "stuck-agent")[0]
+        assert inst["heartbeat_count"] >= count + 3, "heartbeats stalled behind stuck handlers"
+        assert inst["status"] == "online"
+        assert inst["current_load"] == 1.0
+    finally:
+        agent.kill()
+        agent.communicate()
+
+
+def _post_ignoring_timeout(url: str, body: dict[str, Any]) -> None:
+    try:
+        requests.post(url, json=body, timeout=30)
+    except requests.RequestException:
+        pass
+
+
+def test_killed_agent_goes_offline_after_three_missed_intervals(hub_api: str) -> None:
+    port = free_port()
+    agent = start_agent(REPO / "examples" / "summarizer.py", hub_api, port, "--heartbeat-interval", "0.5")
+    try:
+        wait_until(lambda: [i for i in instances(hub_api, "summarizer-01") if i["status"] == "online"],
+                   timeout=20, what="online")
+    finally:
+        agent.kill()  # SIGKILL: no deregistration
+        agent.communicate()
+    killed_at = time.monotonic()
+    wait_until(lambda: instances(hub_api, "summarizer-01")[0]["status"] == "offline", timeout=10,
+               interval=0.05, what="offline")
+    waited = time.monotonic() - killed_at
+    assert 0.5 <= waited <= 3.0, f"went offline after {waited:.2f}s, expected ~1.5s (3 x 0.5s)"

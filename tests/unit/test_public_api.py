@@ -1,0 +1,69 @@
+"""The public surface is exactly what ``reach.__all__`` lists; changing it is a decision."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+import reach
+
+EXPECTED_ALL = [
+    "Agent",
+    "AgentTimeout",
+    "AgentUnreachable",
+    "Backpressure",
+    "BusinessError",
+    "Capability",
+    "ConfigError",
+    "DagError",
+    "DeliveryError",
+    "HubUnavailable",
+    "InvalidRegistration",
+    "LoopDetected",
+    "LoopbackAddress",
+    "NoSuitableAgent",
+    "ReachError",
+    "RegistrationConflict",
+    "RegistryError",
+    "RoutingError",
+    "SecurityError",
+    "SessionClosed",
+    "UnknownAgent",
+    "UnknownInstance",
+    "__version__",
+]
+
+
+def test_all_is_the_expected_surface() -> None:
+    assert reach.__all__ == EXPECTED_ALL
+
+
+def test_all_is_sorted_and_without_duplicates() -> None:
+    assert reach.__all__ == sorted(set(reach.__all__))
+
+
+@pytest.mark.parametrize("name", EXPECTED_ALL)
+def test_every_public_name_is_importable(name: str) -> None:
+    module = importlib.import_module("reach")
+    assert getattr(module, name) is not None
+    namespace: dict[str, object] = {}
+    exec(f"from reach import {name}", namespace)
+    assert namespace[name] is getattr(reach, name)
+
+
+def test_star_import_gives_exactly_the_public_surface() -> None:
+    namespace: dict[str, object] = {}
+    exec("from reach import *", namespace)
+    assert sorted(k for k in namespace if k != "__builtins__") == EXPECTED_ALL
+
+
+@pytest.mark.parametrize(
+    "name", [n for n in EXPECTED_ALL if n not in {"Agent", "Capability", "__version__"}]
+)
+def test_every_other_public_name_is_a_reach_error(name: str) -> None:
+    assert issubclass(getattr(reach, name), reach.ReachError)
+
+
+def test_version_is_a_string() -> None:
+    assert isinstance(reach.__version__, str) and reach.__version__
