@@ -53,7 +53,7 @@ class Agent:
         self,
         agent_id: str,
         tags: Sequence[str] = (),
-        addr: str = "0.0.0.0:7001",
+        addr: str | None = None,
         capabilities: Sequence[Capability | Mapping[str, Any]] = (),
         max_concurrency: int = 8,
         heartbeat_interval: float = 10.0,
@@ -65,6 +65,8 @@ class Agent:
         version: str = "",
         instance_id: str | None = None,
     ) -> None:
+        if not addr:
+            raise InvalidRegistration("addr is required: the host:port the agent binds to")
         try:
             self.declaration = RegisterRequest(
                 agent_id=agent_id,
@@ -72,10 +74,8 @@ class Agent:
                 addr=addr,
                 public_endpoint=public_endpoint,
                 tags=list(tags),
-                capabilities=[
-                    c if isinstance(c, Capability) else Capability.model_validate(c)
-                    for c in capabilities
-                ],
+                # Mappings are validated by RegisterRequest so errors say which capability.
+                capabilities=[c if isinstance(c, Capability) else dict(c) for c in capabilities],
                 metadata=dict(metadata or {}),
                 max_concurrency=max_concurrency,
                 heartbeat_interval=heartbeat_interval,
@@ -85,8 +85,17 @@ class Agent:
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "agent"
-            raise InvalidRegistration(f"{where}: {first['msg']}", errors=exc.errors()) from None
+            errors = [
+                {"loc": [str(p) for p in e["loc"]], "msg": e["msg"], "type": e["type"]}
+                for e in exc.errors()
+            ]
+            raise InvalidRegistration(f"{where}: {first['msg']}", errors=errors) from None
         reachable = parse_endpoint(public_endpoint or addr)
+        if reachable.is_unspecified:
+            raise InvalidRegistration(
+                f"{reachable.host} is not an address the hub can reach; bind there if you "
+                "like, but set public_endpoint to the routable address"
+            )
         if reachable.is_loopback and not allow_loopback:
             raise LoopbackAddress(
                 f"{reachable.url} is a loopback address and the hub probes from its own host; "

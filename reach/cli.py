@@ -42,17 +42,26 @@ def _settings() -> Settings:
 
 @app.command()
 def up(
-    port: Annotated[int, typer.Option(help="API port")] = 8800,
+    port: Annotated[int | None, typer.Option(help="API port (default: server.port)")] = None,
     no_demo: Annotated[
         bool, typer.Option("--no-demo", help="Do not start the demo agents")
     ] = False,
     concurrency: Annotated[int, typer.Option(help="Worker concurrency")] = 2,
+    demo_port: Annotated[int, typer.Option(help="First port of the demo agents")] = 7101,
 ) -> None:
     """Run API, worker, beat (and demo agents) in one command."""
     from reach.supervisor import run_up
 
     settings = _settings()
-    raise typer.Exit(run_up(settings, port=port, demo=not no_demo, concurrency=concurrency))
+    raise typer.Exit(
+        run_up(
+            settings,
+            port=port or settings.server.port,
+            demo=not no_demo,
+            concurrency=concurrency,
+            demo_port=demo_port,
+        )
+    )
 
 
 @app.command()

@@ -8,6 +8,7 @@ unless the agent opts in explicitly for local development.
 from __future__ import annotations
 
 import ipaddress
+import socket
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -28,19 +29,33 @@ class Endpoint:
 
     @property
     def is_loopback(self) -> bool:
-        if self.host.lower() in _LOOPBACK_NAMES or self.host.lower().endswith(".localhost"):
+        name = self.host.lower().rstrip(".")
+        if name in _LOOPBACK_NAMES or name.endswith(".localhost"):
             return True
-        try:
-            return ipaddress.ip_address(self.host).is_loopback
-        except ValueError:
-            return False
+        ip = _as_ip(self.host)
+        return ip is not None and ip.is_loopback
 
     @property
     def is_unspecified(self) -> bool:
+        ip = _as_ip(self.host)
+        return ip is not None and ip.is_unspecified
+
+
+def _as_ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address a resolver would use if ``host`` is an IP literal in any spelling
+    (inet_aton forms such as 127.1, 2130706433 or 0x7f.1, and IPv4-mapped IPv6)."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        if not host or not all(c in "0123456789abcdefxABCDEFX." for c in host):
+            return None
         try:
-            return ipaddress.ip_address(self.host).is_unspecified
-        except ValueError:
-            return False
+            ip = ipaddress.IPv4Address(socket.inet_aton(host))
+        except OSError:
+            return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
 
 
 def parse_endpoint(value: str) -> Endpoint:

@@ -250,7 +250,11 @@ def error_for_problem(problem: dict[str, Any], fallback_status: int) -> ReachErr
     for cls in candidates:
         if cls.problem_type() == ptype:
             if cls is BusinessError:
-                code = int(extra.pop("code", 1))
+                raw = extra.pop("code", 1)
+                try:
+                    code = int(raw)
+                except (TypeError, ValueError):
+                    code, extra["raw_code"] = 1, raw
                 return BusinessError(code, detail, **extra)
             return cls(detail, **extra)
     if fallback_status >= 500:

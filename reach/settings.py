@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from reach.errors import ConfigError
 
@@ -42,11 +49,20 @@ class ServerSettings(_Section):
     admin_port: int | None = Field(None, ge=1, le=65535)
     max_body_bytes: int = Field(1_048_576, ge=1024)
 
-    @model_validator(mode="after")
-    def _ports_differ(self) -> ServerSettings:
-        if self.admin_port is not None and self.admin_port == self.port:
+    @field_validator("port", "admin_port", mode="before")
+    @classmethod
+    def _not_a_boolean(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            raise ValueError("a port is a number, not a boolean")
+        return value
+
+    @field_validator("admin_port")
+    @classmethod
+    def _ports_differ(cls, value: int | None, info: ValidationInfo) -> int | None:
+        # A field validator (not a model validator) so the error is located at admin_port.
+        if value is not None and value == info.data.get("port"):
             raise ValueError("admin_port must differ from port")
-        return self
+        return value
 
 
 class StorageSettings(_Section):
@@ -138,8 +154,16 @@ def load_settings(
     except ValidationError as exc:
         first = exc.errors()[0]
         keys = tuple(str(p) for p in first["loc"])
-        label = sources.get(keys, ".".join(keys) or "<root>")
+        label = _source_of(keys, sources) or ".".join(keys) or "<root>"
         raise ConfigError(f"invalid setting {label}: {first['msg']}", key=label) from None
+
+
+def _source_of(keys: tuple[str, ...], sources: dict[tuple[str, ...], str]) -> str | None:
+    """The environment variable behind the failing key, also when it set a key below it."""
+    if keys in sources:
+        return sources[keys]
+    below = [name for path, name in sources.items() if keys and path[: len(keys)] == keys]
+    return below[0] if len(below) == 1 else None
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -147,6 +171,8 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}", key="REACH_CONFIG") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc}", key="REACH_CONFIG") from None
     except yaml.YAMLError as exc:
         raise ConfigError(
             f"config file {path} is not valid YAML: {exc}", key="REACH_CONFIG"

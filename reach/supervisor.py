@@ -22,7 +22,7 @@ from reach.settings import Settings
 from reach.storage import upgrade_database
 
 console = Console()
-DEMO_AGENTS = (("doc_analyzer.py", 7101), ("summarizer.py", 7102))
+DEMO_AGENTS = ("doc_analyzer.py", "summarizer.py")
 
 
 @dataclass
@@ -33,12 +33,14 @@ class Child:
 
 def find_examples_dir() -> Path | None:
     for candidate in (Path.cwd() / "examples", Path(__file__).resolve().parent.parent / "examples"):
-        if (candidate / DEMO_AGENTS[0][0]).exists():
+        if (candidate / DEMO_AGENTS[0]).exists():
             return candidate
     return None
 
 
-def run_up(settings: Settings, *, port: int, demo: bool, concurrency: int) -> int:
+def run_up(
+    settings: Settings, *, port: int, demo: bool, concurrency: int, demo_port: int = 7101
+) -> int:
     url = settings.storage.resolved_database_url
     console.print(
         f"[bold]Agent-Reach[/bold] store: {_kind(url)}  broker: "
@@ -69,7 +71,8 @@ def run_up(settings: Settings, *, port: int, demo: bool, concurrency: int) -> in
             if examples is None:
                 console.print("[yellow]examples/ not found; starting without demo agents[/yellow]")
             else:
-                for script, agent_port in DEMO_AGENTS:
+                for offset, script in enumerate(DEMO_AGENTS):
+                    agent_port = demo_port + offset
                     children.append(
                         _spawn(
                             script.removesuffix(".py"),

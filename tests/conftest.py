@@ -24,7 +24,9 @@ from sqlalchemy import Engine, MetaData, select
 from reach.storage import create_engine_for, upgrade_database
 
 REPO = Path(__file__).resolve().parent.parent
-PG_ADMIN_DSN = os.environ.get("REACH_TEST_PG_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=test")
+PG_ADMIN_DSN = os.environ.get(
+    "REACH_TEST_PG_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=test"
+)
 PG_URL_TEMPLATE = os.environ.get(
     "REACH_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/{db}"
 )
@@ -157,7 +159,9 @@ def wait_http_ok(url: str, proc: HubProcess | None = None, timeout: float = 30) 
         except requests.RequestException:
             pass
         time.sleep(0.1)
-    raise AssertionError(f"{url} not healthy after {timeout}s" + (f"\n{proc.output()}" if proc else ""))
+    raise AssertionError(
+        f"{url} not healthy after {timeout}s" + (f"\n{proc.output()}" if proc else "")
+    )
 
 
 def wait_until(predicate: Any, timeout: float, interval: float = 0.1, what: str = "") -> Any:

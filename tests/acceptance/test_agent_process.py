@@ -33,13 +33,18 @@ def instances(hub: str, agent_id: str) -> list[dict[str, Any]]:
     return []
 
 
-def test_sdk_agent_registers_heartbeats_and_deregisters(hub_api: str, store_url: str, tmp_path: Path) -> None:
+def test_sdk_agent_registers_heartbeats_and_deregisters(
+    hub_api: str, store_url: str, tmp_path: Path
+) -> None:
     port = free_port()
-    agent = start_agent(REPO / "examples" / "doc_analyzer.py", hub_api, port, "--heartbeat-interval", "0.3")
+    agent = start_agent(
+        REPO / "examples" / "doc_analyzer.py", hub_api, port, "--heartbeat-interval", "0.3"
+    )
     try:
         live = wait_until(
             lambda: [i for i in instances(hub_api, "doc-analyzer-01") if i["heartbeat_count"] >= 2],
-            timeout=20, what="two heartbeats",
+            timeout=20,
+            what="two heartbeats",
         )
         assert live[0]["status"] == "online"
         assert live[0]["endpoint"] == f"http://127.0.0.1:{port}"
@@ -47,20 +52,41 @@ def test_sdk_agent_registers_heartbeats_and_deregisters(hub_api: str, store_url:
 
         # the CLI shows the same fleet, as a table and as JSON
         env = hub_env(store_url, tmp_path)
-        table = subprocess.run([sys.executable, "-m", "reach", "agents", "--hub", hub_api],
-                               env={**env, "COLUMNS": "200"}, capture_output=True, text=True, timeout=30)
+        table = subprocess.run(
+            [sys.executable, "-m", "reach", "agents", "--hub", hub_api],
+            env={**env, "COLUMNS": "200"},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert table.returncode == 0, table.stderr
         assert "doc-analyzer-01" in table.stdout and "online" in table.stdout
         as_json = subprocess.run(
-            [sys.executable, "-m", "reach", "agents", "--json", "--capability", "task.process",
-             "--hub", hub_api], env=env, capture_output=True, text=True, timeout=30)
+            [
+                sys.executable,
+                "-m",
+                "reach",
+                "agents",
+                "--json",
+                "--capability",
+                "task.process",
+                "--hub",
+                hub_api,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         body = json.loads(as_json.stdout)
         assert [a["agent_id"] for a in body["agents"]] == ["doc-analyzer-01"]
 
         # the agent's own endpoint really serves its handler
-        answer = requests.post(f"http://127.0.0.1:{port}/tasks/task.process",
-                               json={"task_id": "t-1", "payload": {"doc_id": "d", "text": "a b c"}},
-                               timeout=5)
+        answer = requests.post(
+            f"http://127.0.0.1:{port}/tasks/task.process",
+            json={"task_id": "t-1", "payload": {"doc_id": "d", "text": "a b c"}},
+            timeout=5,
+        )
         assert answer.json() == {"code": 0, "data": {"doc_id": "d", "words": 3, "task_id": "t-1"}}
     finally:
         agent.send_signal(signal.SIGTERM)
@@ -80,11 +106,15 @@ def test_stuck_handlers_do_not_stop_heartbeats(hub_api: str) -> None:
         url = f"http://127.0.0.1:{port}/tasks/work.block"
         for n in range(2):  # occupy both workers; these requests never finish
             threading.Thread(
-                target=_post_ignoring_timeout, args=(url, {"task_id": f"t{n}", "payload": {}}),
+                target=_post_ignoring_timeout,
+                args=(url, {"task_id": f"t{n}", "payload": {}}),
                 daemon=True,
             ).start()
-        wait_until(lambda: instances(hub_api, "stuck-agent")[0]["in_flight"] == 2, timeout=10,
-                   what="in_flight 2")
+        wait_until(
+            lambda: instances(hub_api, "stuck-agent")[0]["in_flight"] == 2,
+            timeout=10,
+            what="in_flight 2",
+        )
         # a third request is refused at once with backpressure, not queued
         third = requests.post(url, json={"task_id": "t3", "payload": {}}, timeout=5)
         assert third.status_code == 429
@@ -108,15 +138,24 @@ def _post_ignoring_timeout(url: str, body: dict[str, Any]) -> None:
 
 def test_killed_agent_goes_offline_after_three_missed_intervals(hub_api: str) -> None:
     port = free_port()
-    agent = start_agent(REPO / "examples" / "summarizer.py", hub_api, port, "--heartbeat-interval", "0.5")
+    agent = start_agent(
+        REPO / "examples" / "summarizer.py", hub_api, port, "--heartbeat-interval", "0.5"
+    )
     try:
-        wait_until(lambda: [i for i in instances(hub_api, "summarizer-01") if i["status"] == "online"],
-                   timeout=20, what="online")
+        wait_until(
+            lambda: [i for i in instances(hub_api, "summarizer-01") if i["status"] == "online"],
+            timeout=20,
+            what="online",
+        )
     finally:
         agent.kill()  # SIGKILL: no deregistration
         agent.communicate()
     killed_at = time.monotonic()
-    wait_until(lambda: instances(hub_api, "summarizer-01")[0]["status"] == "offline", timeout=10,
-               interval=0.05, what="offline")
+    wait_until(
+        lambda: instances(hub_api, "summarizer-01")[0]["status"] == "offline",
+        timeout=10,
+        interval=0.05,
+        what="offline",
+    )
     waited = time.monotonic() - killed_at
     assert 0.5 <= waited <= 3.0, f"went offline after {waited:.2f}s, expected ~1.5s (3 x 0.5s)"

@@ -29,12 +29,17 @@ def broker_env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[
         url: str = request.getfixturevalue("redis_db")
         yield {"REACH_BROKER_URL": url, "REACH_RESULT_BACKEND": url}
     else:
-        yield {"REACH_BROKER_URL": AMQP_URL, "REACH_RESULT_BACKEND": f"db+sqlite:///{tmp_path}/r.db"}
+        yield {
+            "REACH_BROKER_URL": AMQP_URL,
+            "REACH_RESULT_BACKEND": f"db+sqlite:///{tmp_path}/r.db",
+        }
 
 
 STACKS = [
     pytest.param("sqlite", "embedded", id="sqlite-embedded"),
-    pytest.param("postgres", "redis", id="postgres-redis", marks=[pytest.mark.postgres, pytest.mark.redis]),
+    pytest.param(
+        "postgres", "redis", id="postgres-redis", marks=[pytest.mark.postgres, pytest.mark.redis]
+    ),
     pytest.param("postgres", "amqp", id="postgres-rabbitmq", marks=pytest.mark.postgres),
 ]
 
@@ -53,9 +58,19 @@ def test_beat_and_worker_persist_offline_for_a_killed_agent(
     hub = f"http://127.0.0.1:{port}"
     agent_port = free_port()
     agent = subprocess.Popen(
-        [sys.executable, str(REPO / "examples" / "summarizer.py"), "--port", str(agent_port),
-         "--hub", hub, "--heartbeat-interval", "0.5"],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            str(REPO / "examples" / "summarizer.py"),
+            "--port",
+            str(agent_port),
+            "--hub",
+            hub,
+            "--heartbeat-interval",
+            "0.5",
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     engine = create_engine_for(store_url)
     sessions = session_factory(engine)
@@ -84,16 +99,22 @@ def test_beat_and_worker_persist_offline_for_a_killed_agent(
 
 @pytest.mark.redis
 def test_flower_shows_the_hubs_tasks(redis_db: str, tmp_path: Path) -> None:
-    env = hub_env(f"sqlite:///{tmp_path}/reach.db", tmp_path, REACH_BROKER_URL=redis_db,
-                  FLOWER_UNAUTHENTICATED_API="true")
+    env = hub_env(
+        f"sqlite:///{tmp_path}/reach.db",
+        tmp_path,
+        REACH_BROKER_URL=redis_db,
+        FLOWER_UNAUTHENTICATED_API="true",
+    )
     port = free_port()
     worker = HubProcess(["worker", "--concurrency", "1"], env, tmp_path / "worker.log")
     flower = HubProcess(["flower", "--port", str(port)], env, tmp_path / "flower.log")
     try:
+
         def registered() -> list[str]:
             try:
-                workers = requests.get(f"http://127.0.0.1:{port}/api/workers",
-                                       params={"refresh": "1"}, timeout=10).json()
+                workers = requests.get(
+                    f"http://127.0.0.1:{port}/api/workers", params={"refresh": "1"}, timeout=10
+                ).json()
             except (requests.RequestException, ValueError):
                 return []
             return [t for w in workers.values() for t in (w.get("registered") or [])]
@@ -109,7 +130,9 @@ def test_reach_up_runs_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
     port = free_port()
     env = hub_env(f"sqlite:///{tmp_path}/reach.db", tmp_path)
     env.pop("REACH_DATABASE_URL")  # the embedded default under REACH_HOME
-    up = HubProcess(["up", "--port", str(port)], env, tmp_path / "up.log")
+    up = HubProcess(
+        ["up", "--port", str(port), "--demo-port", str(free_port())], env, tmp_path / "up.log"
+    )
     hub = f"http://127.0.0.1:{port}"
     try:
         wait_http_ok(hub + "/healthz", up, timeout=60)
@@ -118,8 +141,11 @@ def test_reach_up_runs_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
             agents = requests.get(f"{hub}/api/v1/agents", timeout=5).json()["agents"]
             return {a["agent_id"] for a in agents if a["status"] == "online"}
 
-        assert wait_until(lambda: demo_online() >= {"doc-analyzer-01", "summarizer-01"},
-                          timeout=30, what="both demo agents online")
+        assert wait_until(
+            lambda: demo_online() >= {"doc-analyzer-01", "summarizer-01"},
+            timeout=30,
+            what="both demo agents online",
+        )
         assert (tmp_path / "reach.db").exists() and (tmp_path / "broker.db").exists()
     finally:
         up.proc.send_signal(signal.SIGINT)
@@ -137,27 +163,39 @@ def test_reach_up_runs_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
 
 def test_bad_setting_stops_start_up_naming_the_key(tmp_path: Path) -> None:
     env = hub_env(f"sqlite:///{tmp_path}/reach.db", tmp_path, REACH_SERVER__PORT="eighty")
-    r = subprocess.run([sys.executable, "-m", "reach", "api"], env=env, capture_output=True,
-                       text=True, timeout=30)
+    r = subprocess.run(
+        [sys.executable, "-m", "reach", "api"], env=env, capture_output=True, text=True, timeout=30
+    )
     assert r.returncode == 2
     assert "REACH_SERVER__PORT" in r.stderr
     config = tmp_path / "config.yaml"
     config.write_text("server:\n  port: 8800\nprobe:\n  intervall: 5\n")
     env = hub_env(f"sqlite:///{tmp_path}/reach.db", tmp_path, REACH_CONFIG=str(config))
-    r = subprocess.run([sys.executable, "-m", "reach", "api"], env=env, capture_output=True,
-                       text=True, timeout=30)
+    r = subprocess.run(
+        [sys.executable, "-m", "reach", "api"], env=env, capture_output=True, text=True, timeout=30
+    )
     assert r.returncode == 2
     assert "probe.intervall" in r.stderr
 
 
 def test_api_refuses_an_unmigrated_database(tmp_path: Path) -> None:
     env = hub_env(f"sqlite:///{tmp_path}/empty.db", tmp_path)
-    r = subprocess.run([sys.executable, "-m", "reach", "api", "--port", str(free_port())],
-                       env=env, capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [sys.executable, "-m", "reach", "api", "--port", str(free_port())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 2
     assert "reach db upgrade" in r.stderr
-    done = subprocess.run([sys.executable, "-m", "reach", "db", "upgrade"], env=env,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "reach", "db", "upgrade"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     started = time.monotonic()
     api = HubProcess(["api", "--port", str(port := free_port())], env, tmp_path / "api.log")

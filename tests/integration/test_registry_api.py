@@ -25,7 +25,9 @@ def clock() -> ManualClock:
 
 
 @pytest.fixture
-def client(store_url: str, engine: Engine, clock: ManualClock, tmp_path: Any) -> Iterator[TestClient]:
+def client(
+    store_url: str, engine: Engine, clock: ManualClock, tmp_path: Any
+) -> Iterator[TestClient]:
     settings = load_settings(environ={"REACH_DATABASE_URL": store_url, "REACH_HOME": str(tmp_path)})
     ctx = HubContext(settings=settings, engine=engine, clock=clock)
     with TestClient(create_app(ctx)) as c:
@@ -104,8 +106,14 @@ def test_filters_by_tag_capability_and_status(client: TestClient, clock: ManualC
     client.post("/v1/agents/register", json=reg("a-doc", instance_id="d1"))
     client.post(
         "/v1/agents/register",
-        json=reg("a-chat", instance_id="c1", addr="10.0.0.9:7001", tags=["chat"],
-                 capabilities=[{"type": "chat.reply"}], heartbeat_interval=1),
+        json=reg(
+            "a-chat",
+            instance_id="c1",
+            addr="10.0.0.9:7001",
+            tags=["chat"],
+            capabilities=[{"type": "chat.reply"}],
+            heartbeat_interval=1,
+        ),
     )
     clock.advance(5)  # a-chat missed 3 one-second intervals; a-doc is fresh
 
@@ -132,17 +140,26 @@ def test_controlled_clock_online_then_offline_after_three_missed_intervals(
     assert instance(client, "doc-analyzer-01", "i-1")["status"] == "online"
     clock.advance(0.1)  # 30 s = 3 missed intervals
     assert instance(client, "doc-analyzer-01", "i-1")["status"] == "offline"
-    hb = client.post("/v1/agents/heartbeat", json={"agent_id": "doc-analyzer-01", "instance_id": "i-1"})
+    hb = client.post(
+        "/v1/agents/heartbeat", json={"agent_id": "doc-analyzer-01", "instance_id": "i-1"}
+    )
     assert hb.status_code == 200 and hb.json()["status"] == "online"
     assert instance(client, "doc-analyzer-01", "i-1")["status"] == "online"
 
 
 @pytest.mark.parametrize("skew", [-86_400.0, -31.0, 0.0, 3600.0, 10 * 365 * 86_400.0])
-def test_agent_clock_skew_changes_nothing(client: TestClient, clock: ManualClock, skew: float) -> None:
+def test_agent_clock_skew_changes_nothing(
+    client: TestClient, clock: ManualClock, skew: float
+) -> None:
     client.post("/v1/agents/register", json=reg(instance_id="i-1"))
     clock.advance(25)
-    body = {"agent_id": "doc-analyzer-01", "instance_id": "i-1", "in_flight": 3,
-            "current_load": 0.375, "sent_at": clock.now() + skew}
+    body = {
+        "agent_id": "doc-analyzer-01",
+        "instance_id": "i-1",
+        "in_flight": 3,
+        "current_load": 0.375,
+        "sent_at": clock.now() + skew,
+    }
     assert client.post("/v1/agents/heartbeat", json=body).status_code == 200
     inst = instance(client, "doc-analyzer-01", "i-1")
     assert inst["heartbeat_age_s"] == 0.0
@@ -155,13 +172,24 @@ def test_agent_clock_skew_changes_nothing(client: TestClient, clock: ManualClock
 
 def test_heartbeat_carries_load_fields(client: TestClient) -> None:
     client.post("/v1/agents/register", json=reg(instance_id="i-1"))
-    body = {"agent_id": "doc-analyzer-01", "instance_id": "i-1", "current_load": 0.5,
-            "in_flight": 4, "max_concurrency": 8, "last_task_duration_ms": 123.4,
-            "consecutive_failure_count": 2}
+    body = {
+        "agent_id": "doc-analyzer-01",
+        "instance_id": "i-1",
+        "current_load": 0.5,
+        "in_flight": 4,
+        "max_concurrency": 8,
+        "last_task_duration_ms": 123.4,
+        "consecutive_failure_count": 2,
+    }
     assert client.post("/v1/agents/heartbeat", json=body).status_code == 200
     inst = instance(client, "doc-analyzer-01", "i-1")
-    assert (inst["current_load"], inst["in_flight"], inst["last_task_duration_ms"],
-            inst["consecutive_failure_count"], inst["heartbeat_count"]) == (0.5, 4, 123.4, 2, 1)
+    assert (
+        inst["current_load"],
+        inst["in_flight"],
+        inst["last_task_duration_ms"],
+        inst["consecutive_failure_count"],
+        inst["heartbeat_count"],
+    ) == (0.5, 4, 123.4, 2, 1)
 
 
 def test_deregister_hides_instance_and_refuses_its_heartbeats(client: TestClient) -> None:
@@ -197,8 +225,13 @@ def test_sweep_persists_offline(client: TestClient, engine: Engine, clock: Manua
 
 def test_openapi_document_is_published(client: TestClient) -> None:
     doc = client.get("/openapi.json").json()
-    assert {"/v1/agents/register", "/v1/agents/heartbeat", "/v1/agents/deregister",
-            "/api/v1/agents", "/api/v1/agents/{agent_id}"} <= doc["paths"].keys()
+    assert {
+        "/v1/agents/register",
+        "/v1/agents/heartbeat",
+        "/v1/agents/deregister",
+        "/api/v1/agents",
+        "/api/v1/agents/{agent_id}",
+    } <= doc["paths"].keys()
 
 
 # -- bad input: every refusal is a 4xx problem and leaves the database unchanged ----------
@@ -216,40 +249,114 @@ BAD_REQUESTS: list[tuple[str, str, Any, int, str]] = [
     ("loopback", "/v1/agents/register", reg(addr="127.0.0.1:7001"), 422, "loopback-address"),
     ("localhost", "/v1/agents/register", reg(addr="localhost:7001"), 422, "loopback-address"),
     ("ipv6 loopback", "/v1/agents/register", reg(addr="[::1]:7001"), 422, "loopback-address"),
-    ("loopback public", "/v1/agents/register",
-     reg(addr="0.0.0.0:7001", public_endpoint="127.0.0.1:7001"), 422, "loopback-address"),
+    (
+        "loopback public",
+        "/v1/agents/register",
+        reg(addr="0.0.0.0:7001", public_endpoint="127.0.0.1:7001"),
+        422,
+        "loopback-address",
+    ),
     ("unspecified", "/v1/agents/register", reg(addr="0.0.0.0:7001"), 422, "invalid-request"),
-    ("invalid params schema", "/v1/agents/register",
-     reg(capabilities=[{"type": "t", "params_schema": {"type": "nope"}}]), 422, "invalid-request"),
-    ("invalid return schema", "/v1/agents/register",
-     reg(capabilities=[{"type": "t", "return_schema": {"properties": 3}}]), 422, "invalid-request"),
-    ("bad danger level", "/v1/agents/register",
-     reg(capabilities=[{"type": "t", "danger_level": "extreme"}]), 422, "invalid-request"),
-    ("duplicate capability", "/v1/agents/register",
-     reg(capabilities=[{"type": "t"}, {"type": "t"}]), 422, "invalid-request"),
+    (
+        "invalid params schema",
+        "/v1/agents/register",
+        reg(capabilities=[{"type": "t", "params_schema": {"type": "nope"}}]),
+        422,
+        "invalid-request",
+    ),
+    (
+        "invalid return schema",
+        "/v1/agents/register",
+        reg(capabilities=[{"type": "t", "return_schema": {"properties": 3}}]),
+        422,
+        "invalid-request",
+    ),
+    (
+        "bad danger level",
+        "/v1/agents/register",
+        reg(capabilities=[{"type": "t", "danger_level": "extreme"}]),
+        422,
+        "invalid-request",
+    ),
+    (
+        "duplicate capability",
+        "/v1/agents/register",
+        reg(capabilities=[{"type": "t"}, {"type": "t"}]),
+        422,
+        "invalid-request",
+    ),
     ("zero concurrency", "/v1/agents/register", reg(max_concurrency=0), 422, "invalid-request"),
     ("too large", "/v1/agents/register", reg(version=BIG), 413, "payload-too-large"),
-    ("heartbeat unknown instance", "/v1/agents/heartbeat",
-     {"agent_id": "doc-analyzer-01", "instance_id": "nope"}, 404, "unknown-instance"),
-    ("heartbeat other agent's instance", "/v1/agents/heartbeat",
-     {"agent_id": "someone-else", "instance_id": "i-1"}, 404, "unknown-instance"),
-    ("heartbeat negative in_flight", "/v1/agents/heartbeat",
-     {"agent_id": "doc-analyzer-01", "instance_id": "i-1", "in_flight": -1}, 422, "invalid-request"),
-    ("heartbeat unknown field", "/v1/agents/heartbeat",
-     {"agent_id": "doc-analyzer-01", "instance_id": "i-1", "cpu": 3}, 422, "invalid-request"),
-    ("deregister unknown", "/v1/agents/deregister",
-     {"agent_id": "doc-analyzer-01", "instance_id": "nope"}, 404, "unknown-instance"),
-    ("conflicting capabilities", "/v1/agents/register",
-     reg(instance_id="i-2", addr="10.0.0.6:7001", capabilities=[{"type": "other"}]),
-     409, "registration-conflict"),
-    ("conflicting tags", "/v1/agents/register",
-     reg(instance_id="i-2", addr="10.0.0.6:7001", tags=["cpu"]), 409, "registration-conflict"),
-    ("instance moved", "/v1/agents/register",
-     reg(instance_id="i-1", addr="10.0.0.7:7001"), 409, "registration-conflict"),
-    ("instance of another agent", "/v1/agents/register",
-     reg("other-agent", instance_id="i-1"), 409, "registration-conflict"),
-    ("address taken by another live agent", "/v1/agents/register",
-     reg("other-agent", instance_id="i-9"), 409, "registration-conflict"),
+    (
+        "heartbeat unknown instance",
+        "/v1/agents/heartbeat",
+        {"agent_id": "doc-analyzer-01", "instance_id": "nope"},
+        404,
+        "unknown-instance",
+    ),
+    (
+        "heartbeat other agent's instance",
+        "/v1/agents/heartbeat",
+        {"agent_id": "someone-else", "instance_id": "i-1"},
+        404,
+        "unknown-instance",
+    ),
+    (
+        "heartbeat negative in_flight",
+        "/v1/agents/heartbeat",
+        {"agent_id": "doc-analyzer-01", "instance_id": "i-1", "in_flight": -1},
+        422,
+        "invalid-request",
+    ),
+    (
+        "heartbeat unknown field",
+        "/v1/agents/heartbeat",
+        {"agent_id": "doc-analyzer-01", "instance_id": "i-1", "cpu": 3},
+        422,
+        "invalid-request",
+    ),
+    (
+        "deregister unknown",
+        "/v1/agents/deregister",
+        {"agent_id": "doc-analyzer-01", "instance_id": "nope"},
+        404,
+        "unknown-instance",
+    ),
+    (
+        "conflicting capabilities",
+        "/v1/agents/register",
+        reg(instance_id="i-2", addr="10.0.0.6:7001", capabilities=[{"type": "other"}]),
+        409,
+        "registration-conflict",
+    ),
+    (
+        "conflicting tags",
+        "/v1/agents/register",
+        reg(instance_id="i-2", addr="10.0.0.6:7001", tags=["cpu"]),
+        409,
+        "registration-conflict",
+    ),
+    (
+        "instance moved",
+        "/v1/agents/register",
+        reg(instance_id="i-1", addr="10.0.0.7:7001"),
+        409,
+        "registration-conflict",
+    ),
+    (
+        "instance of another agent",
+        "/v1/agents/register",
+        reg("other-agent", instance_id="i-1"),
+        409,
+        "registration-conflict",
+    ),
+    (
+        "address taken by another live agent",
+        "/v1/agents/register",
+        reg("other-agent", instance_id="i-9"),
+        409,
+        "registration-conflict",
+    ),
 ]
 
 

@@ -272,11 +272,6 @@ def test_bad_declaration_raises_invalid_registration(kwargs: dict[str, Any], whe
         reach.Agent(**args)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="reach/agent.py validates each capability mapping on its own, so the error's "
-    "location loses which capability (and that it is one)",
-)
 def test_bad_capability_error_says_which_capability() -> None:
     with pytest.raises(reach.InvalidRegistration, match=r"capabilities\.1\.type"):
         reach.Agent("a1", addr=ADDR, capabilities=[{"type": "ok"}, {"type": "bad type"}])

@@ -96,10 +96,6 @@ def test_loopback_and_unspecified(text: str, loopback: bool, unspecified: bool) 
     assert endpoint.is_unspecified is unspecified
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="reach/endpoints.py: spellings the resolver maps to loopback slip past is_loopback",
-)
 @pytest.mark.parametrize(
     "text",
     [

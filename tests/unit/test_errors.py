@@ -133,11 +133,6 @@ def test_unknown_problem_type(
     assert rebuilt.extra["status"] == status
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="reach/errors.py: a non-integer business code leaks a bare ValueError from int()",
-)
 def test_business_error_with_a_non_integer_code() -> None:
     problem = {"type": BusinessError.problem_type(), "detail": "d", "code": "E42"}
     assert isinstance(error_for_problem(problem, 422), ReachError)
