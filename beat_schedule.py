@@ -1,6 +1,7 @@
 """Celery beat schedule of the hub: the periodic scans, each on its own cadence.
 
 Beat stays single-active; every task here is safe to run twice (idempotent sweeps).
+Each entry expires after its own period, so a backlog never turns into a burst.
 """
 
 from __future__ import annotations
@@ -9,12 +10,23 @@ from typing import Any
 
 from reach.settings import Settings
 
+PROBE_QUEUE = "reach.probe"
+
 
 def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
+    sweep = settings.heartbeat.sweep_interval
+    # The probe sweep runs at the fastest cadence; each instance's own next_probe_at
+    # (5 s healthy, 1 s when its score is low, 30 s when unreachable) decides who is due.
+    probe_tick = min(settings.probe.fast_interval, settings.probe.interval)
     return {
-        "reach.sweep-liveness": {
-            "task": "reach.sweep_liveness",
-            "schedule": settings.heartbeat.sweep_interval,
-            "options": {"expires": settings.heartbeat.sweep_interval * 2},
+        "reach.reachability-sweep": {
+            "task": "reach.reachability_sweep",
+            "schedule": sweep,
+            "options": {"expires": sweep},
+        },
+        "reach.probe-sweep": {
+            "task": "reach.probe_sweep",
+            "schedule": probe_tick,
+            "options": {"expires": probe_tick, "queue": PROBE_QUEUE},
         },
     }

@@ -12,7 +12,8 @@ from celery import Celery
 
 from reach.settings import Settings
 
-TASK_MODULES = ["tasks.maintenance"]
+TASK_MODULES = ["tasks.maintenance", "tasks.probing"]
+QUEUES = ("reach", "reach.probe")
 EMBEDDED_TRANSPORT = "reach.embedded_broker:Transport"
 
 
@@ -25,6 +26,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
         "task_default_queue": "reach",
+        "task_routes": {"reach.probe_sweep": {"queue": "reach.probe"}},
         "task_serializer": "json",
         "result_serializer": "json",
         "accept_content": ["json"],

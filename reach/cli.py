@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Annotated, Any
 
@@ -34,10 +35,16 @@ STATUS_STYLE = {
 
 def _settings() -> Settings:
     try:
-        return load_settings()
+        settings = load_settings()
     except ConfigError as exc:
         err_console.print(f"[red]configuration error:[/red] {exc}")
         raise typer.Exit(2) from None
+    # Before prometheus_client is imported anywhere: every hub process writes its
+    # counters into one directory, and /metrics merges them.
+    metrics_dir = settings.storage.home_path / "metrics"
+    metrics_dir.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(metrics_dir))
+    return settings
 
 
 @app.command()
@@ -94,6 +101,7 @@ def api(
 @app.command()
 def worker(
     concurrency: Annotated[int, typer.Option(help="Worker processes")] = 2,
+    queues: Annotated[str, typer.Option(help="Queues to consume")] = "reach,reach.probe",
     loglevel: Annotated[str, typer.Option(help="Log level")] = "INFO",
 ) -> None:
     """Run a Celery worker (delivery, probing, sweeps)."""
@@ -101,7 +109,7 @@ def worker(
     from reach.worker_app import app as celery_app
 
     celery_app.worker_main(
-        ["worker", f"--concurrency={concurrency}", "-Q", "reach", f"--loglevel={loglevel}"]
+        ["worker", f"--concurrency={concurrency}", "-Q", queues, f"--loglevel={loglevel}"]
     )
 
 

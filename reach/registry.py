@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from reach.endpoints import parse_endpoint
@@ -24,6 +24,8 @@ from reach.errors import (
     UnknownInstance,
 )
 from reach.health import HeartbeatFacts, InstanceStatus, heartbeat_age, liveness
+from reach.monitoring import Policy, current, reassess
+from reach.reachability import rise_streak
 from reach.schemas import DeregisterRequest, HeartbeatRequest, RegisterRequest, RegisterResponse
 from reach.storage.models import AgentRow, InstanceRow
 
@@ -38,7 +40,7 @@ class AgentFilter:
 
 
 def register(
-    session: Session, req: RegisterRequest, now: float, missed_intervals: int = 3
+    session: Session, req: RegisterRequest, now: float, policy: Policy
 ) -> RegisterResponse:
     """Register (or refresh) one instance of an agent."""
     endpoint = parse_endpoint(req.addr)
@@ -60,6 +62,7 @@ def register(
 
     declaration = _declaration(req)
     agent = session.get(AgentRow, req.agent_id, with_for_update=True)
+    missed_intervals = policy.reach.missed_intervals
     live = _live_instances(session, req.agent_id, now, missed_intervals) if agent else []
     if agent is None:
         agent = AgentRow(agent_id=req.agent_id, created_at=now, updated_at=now, **declaration)
@@ -109,14 +112,23 @@ def register(
         row.heartbeat_count = 0
         row.current_load = 0.0
         row.in_flight = 0
+        row.in_flight_rise_streak = 0
         row.consecutive_failure_count = 0
         row.last_task_duration_ms = None
-    row.last_heartbeat = now
-    if created or row.status != InstanceStatus.ONLINE:
-        row.status = InstanceStatus.ONLINE
+        row.probe_window = []
+        row.probe_status = "unknown"
+        row.rtt_ms = None
+        row.loss_rate = 0.0
+        row.last_probe_at = None
+        row.last_probe_error = None
+        row.alerts = []
+        row.next_probe_at = now  # probe a newcomer at once
+        row.status = InstanceStatus.ONLINE  # "registered"; the assessment below may refine it
         row.status_changed_at = now
+    row.last_heartbeat = now
     if existing is None:
         session.add(row)
+    reassess(session, row, now, policy)
     session.flush()
     return RegisterResponse(
         agent_id=req.agent_id,
@@ -128,7 +140,7 @@ def register(
     )
 
 
-def heartbeat(session: Session, hb: HeartbeatRequest, now: float) -> InstanceRow:
+def heartbeat(session: Session, hb: HeartbeatRequest, now: float, policy: Policy) -> InstanceRow:
     """Record a heartbeat, stamped with the hub's clock (the agent's ``sent_at`` is kept apart)."""
     row = session.get(InstanceRow, hb.instance_id, with_for_update=True)
     if row is None or row.agent_id != hb.agent_id or row.status == InstanceStatus.DEREGISTERED:
@@ -140,6 +152,7 @@ def heartbeat(session: Session, hb: HeartbeatRequest, now: float) -> InstanceRow
     row.last_heartbeat = now
     row.heartbeat_count += 1
     row.current_load = hb.current_load
+    row.in_flight_rise_streak = rise_streak(row.in_flight, hb.in_flight, row.in_flight_rise_streak)
     row.in_flight = hb.in_flight
     if hb.max_concurrency is not None:
         row.max_concurrency = hb.max_concurrency
@@ -147,9 +160,7 @@ def heartbeat(session: Session, hb: HeartbeatRequest, now: float) -> InstanceRow
         row.last_task_duration_ms = hb.last_task_duration_ms
     row.consecutive_failure_count = hb.consecutive_failure_count
     row.agent_reported_at = hb.sent_at
-    if row.status == InstanceStatus.OFFLINE:
-        row.status = InstanceStatus.ONLINE
-        row.status_changed_at = now
+    reassess(session, row, now, policy)
     session.flush()
     return row
 
@@ -168,28 +179,8 @@ def deregister(session: Session, req: DeregisterRequest, now: float) -> None:
     session.flush()
 
 
-def sweep_liveness(session: Session, now: float, missed_intervals: int = 3) -> list[str]:
-    """Persist OFFLINE for every instance whose heartbeats stopped; return their ids."""
-    rows = session.scalars(
-        select(InstanceRow).where(InstanceRow.status.in_([s.value for s in _LIVE]))
-    ).all()
-    stale = [
-        r.instance_id
-        for r in rows
-        if liveness(_facts(r), now, missed_intervals) is InstanceStatus.OFFLINE
-    ]
-    if stale:
-        session.execute(
-            update(InstanceRow)
-            .where(InstanceRow.instance_id.in_(stale))
-            .where(InstanceRow.status.in_([s.value for s in _LIVE]))
-            .values(status=InstanceStatus.OFFLINE, status_changed_at=now)
-        )
-    return stale
-
-
 def list_agents(
-    session: Session, flt: AgentFilter, now: float, missed_intervals: int = 3
+    session: Session, flt: AgentFilter, now: float, policy: Policy
 ) -> list[dict[str, Any]]:
     agents = session.scalars(select(AgentRow).order_by(AgentRow.agent_id)).all()
     instances = session.scalars(select(InstanceRow).order_by(InstanceRow.registered_at)).all()
@@ -202,7 +193,7 @@ def list_agents(
             continue
         if flt.capability and flt.capability not in {c["type"] for c in agent.capabilities}:
             continue
-        views = [instance_view(i, now, missed_intervals) for i in by_agent.get(agent.agent_id, [])]
+        views = [instance_view(i, now, policy) for i in by_agent.get(agent.agent_id, [])]
         if flt.status:
             views = [v for v in views if v["status"] == flt.status]
             if not views:
@@ -213,9 +204,7 @@ def list_agents(
     return out
 
 
-def get_agent(
-    session: Session, agent_id: str, now: float, missed_intervals: int = 3
-) -> dict[str, Any]:
+def get_agent(session: Session, agent_id: str, now: float, policy: Policy) -> dict[str, Any]:
     agent = session.get(AgentRow, agent_id)
     if agent is None:
         raise UnknownAgent(f"agent {agent_id!r} is not registered", agent_id=agent_id)
@@ -224,7 +213,28 @@ def get_agent(
         .where(InstanceRow.agent_id == agent_id)
         .order_by(InstanceRow.registered_at)
     ).all()
-    return agent_view(agent, [instance_view(r, now, missed_intervals) for r in rows])
+    return agent_view(agent, [instance_view(r, now, policy) for r in rows])
+
+
+def instance_gauges(session: Session, now: float, policy: Policy) -> list[dict[str, Any]]:
+    """Per-instance values for the metrics endpoint (deregistered instances left out)."""
+    rows = session.scalars(
+        select(InstanceRow).where(InstanceRow.status != InstanceStatus.DEREGISTERED.value)
+    ).all()
+    out = []
+    for row in rows:
+        verdict = current(row, now, policy)
+        out.append(
+            {
+                "agent_id": row.agent_id,
+                "instance_id": row.instance_id,
+                "reach_score": verdict.reach_score,
+                "rtt_ms": row.rtt_ms,
+                "loss_rate": row.loss_rate,
+                "status": verdict.status.value,
+            }
+        )
+    return out
 
 
 def agent_view(agent: AgentRow, instances: Iterable[dict[str, Any]]) -> dict[str, Any]:
@@ -243,20 +253,22 @@ def agent_view(agent: AgentRow, instances: Iterable[dict[str, Any]]) -> dict[str
     }
 
 
-def instance_view(row: InstanceRow, now: float, missed_intervals: int = 3) -> dict[str, Any]:
-    facts = _facts(row)
-    status = InstanceStatus(row.status)
-    if status in _LIVE and liveness(facts, now, missed_intervals) is InstanceStatus.OFFLINE:
-        status = InstanceStatus.OFFLINE  # the sweep may not have run yet; never show stale truth
+def instance_view(row: InstanceRow, now: float, policy: Policy) -> dict[str, Any]:
+    """The instance as of ``now``: the verdict is recomputed, so a read is never stale."""
+    verdict = current(row, now, policy)
     return {
         "instance_id": row.instance_id,
         "endpoint": row.endpoint,
         "public_endpoint": row.public_endpoint,
         "version": row.version,
-        "status": status.value,
+        "status": verdict.status.value,
+        "status_reason": verdict.reason,
+        "routable": verdict.routable,
+        "alerts": [a.value for a in verdict.alerts],
+        "reach_score": round(verdict.reach_score, 1),
         "registered_at": _iso(row.registered_at),
         "last_heartbeat": _iso(row.last_heartbeat),
-        "heartbeat_age_s": round(heartbeat_age(facts, now), 3),
+        "heartbeat_age_s": round(heartbeat_age(_facts(row), now), 3),
         "heartbeat_interval": row.heartbeat_interval,
         "heartbeat_count": row.heartbeat_count,
         "current_load": row.current_load,
@@ -264,6 +276,11 @@ def instance_view(row: InstanceRow, now: float, missed_intervals: int = 3) -> di
         "max_concurrency": row.max_concurrency,
         "last_task_duration_ms": row.last_task_duration_ms,
         "consecutive_failure_count": row.consecutive_failure_count,
+        "probe_status": row.probe_status,
+        "rtt_ms": None if row.rtt_ms is None else round(row.rtt_ms, 2),
+        "loss_rate": round(row.loss_rate, 4),
+        "last_probe_at": _iso(row.last_probe_at),
+        "last_probe_error": row.last_probe_error,
     }
 
 

@@ -24,6 +24,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from reach.errors import ConfigError
@@ -101,6 +102,10 @@ class HeartbeatSettings(_Section):
     default_interval: float = Field(10.0, gt=0, le=3600)
     missed_intervals: int = Field(3, ge=1, le=100)
     sweep_interval: float = Field(5.0, gt=0, le=3600)
+    lost_grace: float = Field(
+        60.0, ge=0, description="heartbeat lost, probes fine: alert this long"
+    )
+    degraded_rise_streak: int = Field(3, ge=1, description="in_flight rises before DEGRADED")
 
 
 class ProbeSettings(_Section):
@@ -111,6 +116,8 @@ class ProbeSettings(_Section):
     window: int = Field(10, ge=1, le=1000)
     max_concurrent: int = Field(8, ge=1, le=1024)
     timeout: float = Field(2.0, gt=0)
+    fast_below_score: float = Field(60.0, ge=0, le=100)
+    fresh: float = Field(15.0, gt=0, description="a probe older than this is no evidence")
 
 
 class RouterSettings(_Section):
@@ -119,6 +126,31 @@ class RouterSettings(_Section):
     backoff_cap: float = Field(30.0, gt=0)
     connect_timeout: float = Field(2.0, gt=0)
     read_timeout: float = Field(30.0, gt=0)
+    failure_threshold: int = Field(3, ge=1, description="consecutive failures out of the pool")
+
+
+class ScoreSettings(_Section):
+    """ReachScore weights and bounds; validated by ``reach.scoring.ScoreConfig``."""
+
+    heartbeat_weight: float = 50.0
+    rtt_weight: float = 30.0
+    loss_weight: float = 20.0
+    heartbeat_good_s: float = 10.0
+    heartbeat_bad_s: float = 30.0
+    rtt_good_ms: float = 20.0
+    rtt_bad_ms: float = 500.0
+    loss_good: float = 0.0
+    loss_bad: float = 0.30
+
+    @model_validator(mode="after")
+    def _valid_score(self) -> ScoreSettings:
+        from reach.scoring import ScoreConfig, ScoreConfigError
+
+        try:
+            ScoreConfig(**self.model_dump())
+        except ScoreConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return self
 
 
 class Settings(_Section):
@@ -127,6 +159,7 @@ class Settings(_Section):
     heartbeat: HeartbeatSettings = HeartbeatSettings()
     probe: ProbeSettings = ProbeSettings()
     router: RouterSettings = RouterSettings()
+    score: ScoreSettings = ScoreSettings()
 
 
 def load_settings(

@@ -47,6 +47,9 @@ def run_up(
         f"{_kind(settings.storage.resolved_broker_url)}"
     )
     upgrade_database(url)
+    # Counters of an earlier run would be merged into this one's; nobody writes yet.
+    for stale in (settings.storage.home_path / "metrics").glob("*.db"):
+        stale.unlink(missing_ok=True)
     hub_url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "REACH_HUB_URL": hub_url}
     me = [sys.executable, "-m", "reach"]

@@ -6,19 +6,19 @@ import logging
 
 from celery import shared_task
 
-from reach import registry
+from reach import monitoring
 
 log = logging.getLogger("reach.tasks.maintenance")
 
 
-@shared_task(name="reach.sweep_liveness", ignore_result=True)
-def sweep_liveness() -> list[str]:
-    """Persist OFFLINE for instances that missed their heartbeats."""
+@shared_task(name="reach.reachability_sweep", ignore_result=True)
+def reachability_sweep() -> list[str]:
+    """Reassess every instance (heartbeats may have stopped); persist transitions."""
     from reach.worker_app import runtime
 
     ctx = runtime()
     with ctx.transaction() as session:
-        stale = registry.sweep_liveness(session, ctx.clock.now(), ctx.missed_intervals)
-    if stale:
-        log.warning("instances offline (heartbeats missed): %s", ", ".join(stale))
-    return stale
+        changed = monitoring.sweep(session, ctx.clock.now(), ctx.policy)
+    if changed:
+        log.info("status changed on sweep: %s", ", ".join(changed))
+    return changed

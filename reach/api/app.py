@@ -5,19 +5,21 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, FastAPI, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from reach import registry
+from reach import metrics, monitoring, registry
 from reach.api.problems import BodyLimitMiddleware, install_problem_handlers
 from reach.clock import Clock, SystemClock
 from reach.errors import HubUnavailable, RegistrationConflict
 from reach.health import InstanceStatus
+from reach.monitoring import Policy
 from reach.schemas import (
     DeregisterRequest,
     HeartbeatRequest,
@@ -48,9 +50,9 @@ class HubContext:
         engine = create_engine_for(settings.storage.resolved_database_url)
         return cls(settings=settings, engine=engine, clock=clock or SystemClock())
 
-    @property
-    def missed_intervals(self) -> int:
-        return self.settings.heartbeat.missed_intervals
+    @cached_property
+    def policy(self) -> Policy:
+        return Policy.from_settings(self.settings)
 
     @contextmanager
     def transaction(self) -> Iterator[Session]:
@@ -99,6 +101,15 @@ def _health_router(ctx: HubContext) -> APIRouter:
             session.execute(text("SELECT 1"))
         return {"status": "ok", "time": ctx.clock.now()}
 
+    @router.get("/metrics", include_in_schema=False)
+    def prometheus_metrics() -> Response:
+        def rows() -> list[dict[str, Any]]:
+            with ctx.transaction() as session:
+                return registry.instance_gauges(session, ctx.clock.now(), ctx.policy)
+
+        body, content_type = metrics.render(rows)
+        return Response(body, media_type=content_type)
+
     return router
 
 
@@ -109,15 +120,14 @@ def _agent_router(ctx: HubContext) -> APIRouter:
         "/register", response_model=RegisterResponse, responses={200: {}, 201: {}, 409: {}, 422: {}}
     )
     def register(body: RegisterRequest, request: Request) -> JSONResponse:
-        result = ctx.write(
-            lambda s: registry.register(s, body, ctx.clock.now(), ctx.missed_intervals)
-        )
+        result = ctx.write(lambda s: registry.register(s, body, ctx.clock.now(), ctx.policy))
         return JSONResponse(result.model_dump(), status_code=201 if result.created else 200)
 
     @router.post("/heartbeat", response_model=HeartbeatResponse, responses={404: {}})
     def heartbeat(body: HeartbeatRequest) -> HeartbeatResponse:
         def work(session: Session) -> HeartbeatResponse:
-            row = registry.heartbeat(session, body, ctx.clock.now())
+            row = registry.heartbeat(session, body, ctx.clock.now(), ctx.policy)
+            metrics.HEARTBEATS_TOTAL.inc()
             return HeartbeatResponse(status=row.status, next_heartbeat_in=row.heartbeat_interval)
 
         return ctx.write(work)
@@ -145,12 +155,25 @@ def _admin_router(ctx: HubContext) -> APIRouter:
             status=status.value if status else None,
         )
         with ctx.transaction() as session:
-            agents = registry.list_agents(session, flt, ctx.clock.now(), ctx.missed_intervals)
+            agents = registry.list_agents(session, flt, ctx.clock.now(), ctx.policy)
         return {"agents": agents}
+
+    @router.get("/instances/{instance_id}/events", responses={404: {}})
+    def instance_events(
+        instance_id: str, limit: Annotated[int, Query(ge=1, le=1000)] = 100
+    ) -> dict[str, Any]:
+        with ctx.transaction() as session:
+            rows = monitoring.events(session, instance_id, limit)
+        return {
+            "instance_id": instance_id,
+            "events": [
+                {"kind": r.kind, "at": r.at, "agent_id": r.agent_id, **r.detail} for r in rows
+            ],
+        }
 
     @router.get("/agents/{agent_id}", responses={404: {}})
     def get_agent(agent_id: str) -> dict[str, Any]:
         with ctx.transaction() as session:
-            return registry.get_agent(session, agent_id, ctx.clock.now(), ctx.missed_intervals)
+            return registry.get_agent(session, agent_id, ctx.clock.now(), ctx.policy)
 
     return router

@@ -19,6 +19,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    true,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -41,7 +42,10 @@ class AgentRow(Base):
 
 class InstanceRow(Base):
     __tablename__ = "instances"
-    __table_args__ = (Index("ix_instances_agent_status", "agent_id", "status"),)
+    __table_args__ = (
+        Index("ix_instances_agent_status", "agent_id", "status"),
+        Index("ix_instances_next_probe_at", "next_probe_at"),
+    )
 
     instance_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     agent_id: Mapped[str] = mapped_column(
@@ -63,6 +67,38 @@ class InstanceRow(Base):
     last_task_duration_ms: Mapped[float | None] = mapped_column(Double, nullable=True)
     consecutive_failure_count: Mapped[int] = mapped_column(Integer, default=0)
     agent_reported_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    # reachability (two channels): probe window, smoothed values, score and verdict
+    probe_window: Mapped[list[dict[str, Any]]] = mapped_column(
+        JSON, default=list, server_default="[]"
+    )
+    probe_status: Mapped[str] = mapped_column(
+        String(16), default="unknown", server_default="unknown"
+    )
+    rtt_ms: Mapped[float | None] = mapped_column(Double, nullable=True)
+    loss_rate: Mapped[float] = mapped_column(Double, default=0.0, server_default="0")
+    last_probe_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    last_probe_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    next_probe_at: Mapped[float] = mapped_column(Double, default=0.0, server_default="0")
+    probe_lease_until: Mapped[float | None] = mapped_column(Double, nullable=True)
+    reach_score: Mapped[float] = mapped_column(Double, default=0.0, server_default="0")
+    routable: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
+    in_flight_rise_streak: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    alerts: Mapped[list[str]] = mapped_column(JSON, default=list, server_default="[]")
+    status_reason: Mapped[str] = mapped_column(Text, default="", server_default="")
+
+
+class InstanceEventRow(Base):
+    """What happened to an instance: status transitions and alerts (the operator's trail)."""
+
+    __tablename__ = "instance_events"
+    __table_args__ = (Index("ix_instance_events_instance_at", "instance_id", "at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    instance_id: Mapped[str] = mapped_column(String(64))
+    agent_id: Mapped[str] = mapped_column(String(128))
+    kind: Mapped[str] = mapped_column(String(32))
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    at: Mapped[float] = mapped_column(Double)
 
 
 class TaskRow(Base):

@@ -98,7 +98,7 @@ def test_sdk_agent_registers_heartbeats_and_deregisters(
     assert instances(hub_api, "doc-analyzer-01") == []
 
 
-def test_stuck_handlers_do_not_stop_heartbeats(hub_api: str) -> None:
+def test_stuck_handlers_do_not_stop_heartbeats_and_mark_degraded(hub_api: str) -> None:
     port = free_port()
     agent = start_agent(REPO / "tests" / "acceptance" / "agents" / "stuck_agent.py", hub_api, port)
     try:
@@ -122,7 +122,10 @@ def test_stuck_handlers_do_not_stop_heartbeats(hub_api: str) -> None:
         time.sleep(1.5)
         inst = instances(hub_api, "stuck-agent")[0]
         assert inst["heartbeat_count"] >= count + 3, "heartbeats stalled behind stuck handlers"
-        assert inst["status"] == "online"
+        # alive (heartbeats fresh) but not consuming: degraded, still in the routing pool
+        assert inst["status"] == "degraded"
+        assert "business_unreachable" in inst["alerts"]
+        assert inst["routable"] is True
         assert inst["current_load"] == 1.0
     finally:
         agent.kill()

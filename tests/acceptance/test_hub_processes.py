@@ -87,7 +87,7 @@ def test_beat_and_worker_persist_offline_for_a_killed_agent(
         agent.wait()
         # The stored status only changes when beat's sweep runs on the worker.
         wait_until(lambda: stored_status() == "offline", timeout=30, what="sweep to mark offline")
-        assert "reach.sweep_liveness" in procs[1].output()
+        assert "reach.reachability_sweep" in procs[1].output()
     finally:
         if agent.poll() is None:
             agent.kill()
@@ -120,7 +120,7 @@ def test_flower_shows_the_hubs_tasks(redis_db: str, tmp_path: Path) -> None:
             return [t for w in workers.values() for t in (w.get("registered") or [])]
 
         tasks = wait_until(registered, timeout=40, interval=0.5, what="flower to see the worker")
-        assert "reach.sweep_liveness" in tasks
+        assert {"reach.reachability_sweep", "reach.probe_sweep"} <= set(tasks)
     finally:
         flower.stop()
         worker.stop()
@@ -146,7 +146,9 @@ def test_reach_up_runs_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
             timeout=30,
             what="both demo agents online",
         )
-        assert (tmp_path / "reach.db").exists() and (tmp_path / "broker.db").exists()
+        # the embedded default: SQLite store and SQLite broker under REACH_HOME
+        assert (tmp_path / "reach.db").exists()
+        wait_until((tmp_path / "broker.db").exists, timeout=30, what="the embedded broker")
     finally:
         up.proc.send_signal(signal.SIGINT)
         code = up.proc.wait(timeout=30)

@@ -207,20 +207,26 @@ def test_deregister_hides_instance_and_refuses_its_heartbeats(client: TestClient
 
 
 def test_sweep_persists_offline(client: TestClient, engine: Engine, clock: ManualClock) -> None:
-    from reach import registry
+    from reach import monitoring
+    from reach.monitoring import Policy
+    from reach.settings import Settings
     from reach.storage import session_factory
+    from reach.storage.models import InstanceEventRow
 
+    policy = Policy.from_settings(Settings())
     client.post("/v1/agents/register", json=reg(instance_id="i-1", heartbeat_interval=2))
     sessions = session_factory(engine)
     with sessions.begin() as s:
-        assert registry.sweep_liveness(s, clock.now()) == []
+        assert monitoring.sweep(s, clock.now(), policy) == []
     clock.advance(6)
     with sessions.begin() as s:
-        assert registry.sweep_liveness(s, clock.now()) == ["i-1"]
+        assert monitoring.sweep(s, clock.now(), policy) == ["i-1"]
     with sessions.begin() as s:
         row = s.scalars(select(InstanceRow)).one()
         assert (row.status, row.status_changed_at) == ("offline", clock.now())
-        assert registry.sweep_liveness(s, clock.now()) == []  # idempotent
+        assert monitoring.sweep(s, clock.now(), policy) == []  # idempotent
+        (event,) = s.scalars(select(InstanceEventRow)).all()
+        assert (event.kind, event.detail["from"], event.detail["to"]) == ("status", "online", "offline")
 
 
 def test_openapi_document_is_published(client: TestClient) -> None:

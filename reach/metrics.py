@@ -1,0 +1,93 @@
+"""Prometheus metrics, correct across the API, worker and beat processes.
+
+Counters and histograms use prometheus-client's multiprocess mode: every process writes
+to files in one directory (``PROMETHEUS_MULTIPROC_DIR``, which the CLI sets to
+``<home>/metrics`` before the client library is imported) and ``/metrics`` merges them. Per-instance
+gauges (score, RTT, loss, status) are read from the registry at scrape time, so they
+are right whichever process last changed them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+# The CLI sets PROMETHEUS_MULTIPROC_DIR before this module is first imported; without
+# it, metrics are single-process, which is what in-process tests want.
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+PROBE_TOTAL = Counter("agentreach_probe_total", "Probes sent by the hub, by outcome.", ["outcome"])
+PROBE_SKIPPED_TOTAL = Counter(
+    "agentreach_probe_skipped_total",
+    "Due probes skipped because the probe pool was full.",
+)
+STATUS_TRANSITIONS_TOTAL = Counter(
+    "agentreach_status_transitions_total",
+    "Instance status transitions.",
+    ["from_status", "to_status"],
+)
+ALERTS_TOTAL = Counter("agentreach_alerts_total", "Reachability alerts raised.", ["alert"])
+HEARTBEATS_TOTAL = Counter("agentreach_heartbeats_total", "Heartbeats received.")
+
+
+InstanceRows = Callable[[], Iterable[dict[str, Any]]]
+
+
+class RegistryCollector(Collector):
+    """Per-instance gauges straight from the registry at scrape time."""
+
+    def __init__(self, rows: InstanceRows) -> None:
+        self._rows = rows
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        labels = ["agent_id", "instance_id"]
+        score = GaugeMetricFamily("agentreach_reach_score", "ReachScore 0-100.", labels=labels)
+        rtt = GaugeMetricFamily(
+            "agentreach_probe_rtt_ms", "Smoothed probe round trip (ms).", labels=labels
+        )
+        loss = GaugeMetricFamily(
+            "agentreach_probe_loss_rate", "Failed share of the probe window.", labels=labels
+        )
+        status = GaugeMetricFamily(
+            "agentreach_instance_status",
+            "1 for the instance's current status.",
+            labels=[*labels, "status"],
+        )
+        for row in self._rows():
+            key = [row["agent_id"], row["instance_id"]]
+            score.add_metric(key, row["reach_score"])
+            if row["rtt_ms"] is not None:
+                rtt.add_metric(key, row["rtt_ms"])
+            loss.add_metric(key, row["loss_rate"])
+            status.add_metric([*key, row["status"]], 1.0)
+        yield from (score, rtt, loss, status)
+
+
+def render(rows: InstanceRows) -> tuple[bytes, str]:
+    """The text exposition of every process's counters plus the registry gauges."""
+    registry = CollectorRegistry()
+    if os.environ.get(ENV):
+        from prometheus_client import multiprocess
+
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    else:
+        registry.register(_ThisProcess())  # single process: tests, embedded use
+    registry.register(RegistryCollector(rows))
+    return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+class _ThisProcess(Collector):
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client import REGISTRY
+
+        yield from REGISTRY.collect()
