@@ -164,6 +164,7 @@ def agents_table(agents: list[dict[str, Any]]) -> Table:
         "agent",
         "instance",
         "status",
+        "score",
         "endpoint",
         "last heartbeat",
         "load",
@@ -176,13 +177,14 @@ def agents_table(agents: list[dict[str, Any]]) -> Table:
         caps = ", ".join(c["type"] for c in agent["capabilities"])
         tags = ", ".join(agent["tags"])
         if not agent["instances"]:
-            table.add_row(agent["agent_id"], "-", "offline", "-", "-", "-", "-", tags, caps)
+            table.add_row(agent["agent_id"], "-", "offline", "-", "-", "-", "-", "-", tags, caps)
         for inst in agent["instances"]:
             style = STATUS_STYLE.get(inst["status"], "white")
             table.add_row(
                 agent["agent_id"],
                 inst["instance_id"][:12],
                 f"[{style}]{inst['status']}[/{style}]",
+                _score_cell(inst.get("reach_score")),
                 inst.get("public_endpoint") or inst["endpoint"],
                 f"{inst['heartbeat_age_s']:.1f}s ago",
                 f"{inst['current_load']:.0%}",
@@ -191,6 +193,13 @@ def agents_table(agents: list[dict[str, Any]]) -> Table:
                 caps,
             )
     return table
+
+
+def _score_cell(score: float | None) -> str:
+    if score is None:
+        return "-"
+    colour = "green" if score >= 80 else "yellow" if score >= 60 else "red"
+    return f"[{colour}]{score:.1f}[/{colour}]"
 
 
 @db_app.command("upgrade")

@@ -61,6 +61,7 @@ def test_sdk_agent_registers_heartbeats_and_deregisters(
         )
         assert table.returncode == 0, table.stderr
         assert "doc-analyzer-01" in table.stdout and "online" in table.stdout
+        assert "score" in table.stdout
         as_json = subprocess.run(
             [
                 sys.executable,

@@ -226,7 +226,11 @@ def test_sweep_persists_offline(client: TestClient, engine: Engine, clock: Manua
         assert (row.status, row.status_changed_at) == ("offline", clock.now())
         assert monitoring.sweep(s, clock.now(), policy) == []  # idempotent
         (event,) = s.scalars(select(InstanceEventRow)).all()
-        assert (event.kind, event.detail["from"], event.detail["to"]) == ("status", "online", "offline")
+        assert (event.kind, event.detail["from"], event.detail["to"]) == (
+            "status",
+            "online",
+            "offline",
+        )
 
 
 def test_openapi_document_is_published(client: TestClient) -> None:
