@@ -24,6 +24,11 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
             "schedule": sweep,
             "options": {"expires": sweep},
         },
+        "reach.outbox-relay": {
+            "task": "reach.outbox_relay",
+            "schedule": 1.0,
+            "options": {"expires": 1.0},
+        },
         "reach.probe-sweep": {
             "task": "reach.probe_sweep",
             "schedule": probe_tick,

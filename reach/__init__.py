@@ -3,7 +3,16 @@
 The public surface is what ``__all__`` lists; everything else is internal.
 """
 
-from reach.agent import Agent
+from reach.agent import ACCEPTED, Agent
+from reach.client import (
+    Submission,
+    TaskResult,
+    get_task,
+    report_progress,
+    report_result,
+    send,
+    wait_for_result,
+)
 from reach.errors import (
     AgentTimeout,
     AgentUnreachable,
@@ -11,6 +20,7 @@ from reach.errors import (
     BusinessError,
     ConfigError,
     DagError,
+    DeadLettered,
     DeliveryError,
     HubUnavailable,
     InvalidRegistration,
@@ -20,17 +30,22 @@ from reach.errors import (
     ReachError,
     RegistrationConflict,
     RegistryError,
+    ResultTimeout,
     RoutingError,
     SecurityError,
     SessionClosed,
+    TaskConflict,
+    TaskError,
     UnknownAgent,
     UnknownInstance,
+    UnknownTask,
 )
 from reach.schemas import Capability
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ACCEPTED",
     "Agent",
     "AgentTimeout",
     "AgentUnreachable",
@@ -39,6 +54,7 @@ __all__ = [
     "Capability",
     "ConfigError",
     "DagError",
+    "DeadLettered",
     "DeliveryError",
     "HubUnavailable",
     "InvalidRegistration",
@@ -48,10 +64,21 @@ __all__ = [
     "ReachError",
     "RegistrationConflict",
     "RegistryError",
+    "ResultTimeout",
     "RoutingError",
     "SecurityError",
     "SessionClosed",
+    "Submission",
+    "TaskConflict",
+    "TaskError",
+    "TaskResult",
     "UnknownAgent",
     "UnknownInstance",
+    "UnknownTask",
     "__version__",
+    "get_task",
+    "report_progress",
+    "report_result",
+    "send",
+    "wait_for_result",
 ]

@@ -28,6 +28,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from reach import trace
 from reach.endpoints import parse_endpoint
 from reach.errors import (
     BusinessError,
@@ -38,6 +39,7 @@ from reach.errors import (
     UnknownInstance,
 )
 from reach.hub_client import HubClient
+from reach.idempotency import IdempotencyGuard
 from reach.schemas import Capability, DeregisterRequest, HeartbeatRequest, RegisterRequest
 
 log = logging.getLogger("reach.agent")
@@ -104,6 +106,7 @@ class Agent:
             )
         self.hub = HubClient(hub)
         self._routes: dict[str, Handler] = {}
+        self.dedup = IdempotencyGuard()
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(max_concurrency)
         self._in_flight = 0
@@ -275,14 +278,35 @@ class Agent:
         payload = body.get("payload", {})
         if not isinstance(task_id, str) or not task_id or not isinstance(payload, dict):
             return 400, {"code": 400, "message": "body needs task_id (string) and payload (object)"}
+        begin = self.dedup.begin(task_id)
+        if begin.action == "done":
+            return begin.answer  # type: ignore[no-any-return]
+        if begin.action == "running":
+            # A duplicate while the first copy runs: wait a little for its answer.
+            assert begin.running is not None
+            finished = begin.running.wait(timeout=_duplicate_wait(body))
+            answer = self.dedup.answer_of(task_id)
+            if answer is not None:
+                return answer  # type: ignore[no-any-return]
+            if finished:  # the first copy failed transiently: let the hub retry
+                return 503, {"code": -1, "message": "first copy of this task failed; retry"}
+            return 202, {"code": 0, "accepted": True, "message": "already running"}
         if not self._slots.acquire(blocking=False):
+            self.dedup.finish(task_id, None, remember=False)
             return 429, {"code": 429, "message": "agent at max_concurrency"}
         with self._lock:
             self._in_flight += 1
         started = time.monotonic()
         failed = False
+        status: int
+        envelope: dict[str, Any]
         try:
-            status, envelope = 200, _envelope(handler(task_id, payload))
+            with trace.handling(task_id, body.get("trace"), self.agent_id, self.hub.base_url):
+                value = handler(task_id, payload)
+            if value is ACCEPTED:
+                status, envelope = 202, {"code": 0, "accepted": True}
+            else:
+                status, envelope = 200, _envelope(value)
         except BusinessError as exc:
             status, envelope = 200, {"code": exc.code, "message": exc.message}
         except Exception as exc:
@@ -295,7 +319,47 @@ class Agent:
                 self._last_duration_ms = (time.monotonic() - started) * 1000
                 self._consecutive_failures = self._consecutive_failures + 1 if failed else 0
             self._slots.release()
+        # A transient failure is not remembered: the hub's retry must run the handler again.
+        self.dedup.finish(task_id, (status, envelope), remember=not failed)
         return status, envelope
+
+    # -- results after 202 ------------------------------------------------------------------
+    def report_result(
+        self, task_id: str, data: Any = None, *, code: int = 0, message: str = ""
+    ) -> bool:
+        """Report the result of a task this agent accepted (its handler returned ACCEPTED)."""
+        from reach.client import report_result
+
+        answer = (
+            200,
+            {"code": code, "data": data} if code == 0 else {"code": code, "message": message},
+        )
+        self.dedup.finish(task_id, answer, remember=True)
+        return report_result(task_id, data, code=code, message=message, hub=self.hub.base_url)
+
+    def report_progress(
+        self, task_id: str, progress: float | None = None, message: str = ""
+    ) -> None:
+        from reach.client import report_progress
+
+        report_progress(task_id, progress, message, hub=self.hub.base_url)
+
+
+class _Accepted:
+    """Returned by a handler that will report its result later (the hub sees 202)."""
+
+    def __repr__(self) -> str:
+        return "reach.ACCEPTED"
+
+
+ACCEPTED = _Accepted()
+
+
+def _duplicate_wait(body: Mapping[str, Any]) -> float:
+    deadline = body.get("deadline")
+    if isinstance(deadline, int | float):
+        return max(0.0, min(30.0, deadline - time.time()))
+    return 5.0
 
 
 def _envelope(value: Any) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from celery import Celery
 
 from reach.settings import Settings
 
-TASK_MODULES = ["tasks.maintenance", "tasks.probing"]
+TASK_MODULES = ["tasks.maintenance", "tasks.probing", "tasks.delivery", "tasks.outbox"]
 QUEUES = ("reach", "reach.probe")
 EMBEDDED_TRANSPORT = "reach.embedded_broker:Transport"
 

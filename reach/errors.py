@@ -13,7 +13,12 @@
     │   ├── AgentUnreachable
     │   ├── AgentTimeout
     │   ├── Backpressure
-    │   └── BusinessError
+    │   ├── BusinessError
+    │   └── DeadLettered            retries exhausted; the task waits in the dead-letter queue
+    ├── TaskError
+    │   ├── UnknownTask
+    │   ├── TaskConflict            a task_id reused for a different task
+    │   └── ResultTimeout           no terminal result within the caller's wait
     ├── HubUnavailable              the SDK could not reach the hub
     ├── DagError
     ├── SecurityError
@@ -175,6 +180,46 @@ class BusinessError(DeliveryError):
         super().__init__(message or f"business error {code}", code=code, **extra)
         self.code = code
         self.message = message
+
+
+class DeadLettered(DeliveryError):
+    """Delivery exhausted its retries; an operator can replay it from the dead-letter queue."""
+
+    slug = "dead-lettered"
+    status = 502
+    title = "Dead-lettered"
+
+
+class TaskError(ReachError):
+    """A task request was refused."""
+
+    slug = "task-error"
+    status = 400
+    title = "Task error"
+
+
+class UnknownTask(TaskError):
+    """No task with this ID exists."""
+
+    slug = "unknown-task"
+    status = 404
+    title = "Unknown task"
+
+
+class TaskConflict(TaskError):
+    """The task_id is already used by a task with different content."""
+
+    slug = "task-conflict"
+    status = 409
+    title = "Task conflict"
+
+
+class ResultTimeout(TaskError):
+    """The task reached no terminal state within the wait; it may still complete."""
+
+    slug = "result-timeout"
+    status = 408
+    title = "Result timeout"
 
 
 class HubUnavailable(ReachError):

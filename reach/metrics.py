@@ -19,6 +19,7 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
+    Histogram,
     generate_latest,
 )
 from prometheus_client.core import GaugeMetricFamily
@@ -91,3 +92,16 @@ class _ThisProcess(Collector):
         from prometheus_client import REGISTRY
 
         yield from REGISTRY.collect()
+
+
+DELIVERY_TOTAL = Counter(
+    "agentreach_router_delivery_total", "Delivery attempts by outcome.", ["outcome"]
+)
+RETRY_TOTAL = Counter("agentreach_router_retry_total", "Delivery retries scheduled.", ["reason"])
+DEAD_LETTER_TOTAL = Counter("agentreach_router_dead_letter_total", "Tasks dead-lettered.")
+DELIVERY_SECONDS = Histogram(
+    "agentreach_router_delivery_seconds",
+    "Hub-to-agent HTTP round trip of one delivery attempt.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+TASKS_TOTAL = Counter("agentreach_tasks_total", "Tasks reaching a terminal state.", ["status"])

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from sqlalchemy import Select, func, or_, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from reach import metrics
@@ -25,6 +25,7 @@ from reach.reachability import (
 )
 from reach.scoring import ProbeWindow, ScoreConfig
 from reach.settings import Settings
+from reach.storage.engine import skip_locked as _skip_locked
 from reach.storage.models import InstanceEventRow, InstanceRow
 
 log = logging.getLogger("reach.monitoring")
@@ -204,10 +205,3 @@ def _event(
             instance_id=row.instance_id, agent_id=row.agent_id, kind=kind, detail=detail, at=now
         )
     )
-
-
-def _skip_locked(session: Session, query: Select[InstanceRow]) -> Select[InstanceRow]:
-    """Several workers may sweep at once on PostgreSQL; SQLite serialises writers anyway."""
-    if session.get_bind().dialect.name == "postgresql":
-        return query.with_for_update(skip_locked=True)
-    return query

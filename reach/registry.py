@@ -26,6 +26,7 @@ from reach.errors import (
 from reach.health import HeartbeatFacts, InstanceStatus, heartbeat_age, liveness
 from reach.monitoring import Policy, current, reassess
 from reach.reachability import rise_streak
+from reach.routing import Candidate, RouteFilter
 from reach.schemas import DeregisterRequest, HeartbeatRequest, RegisterRequest, RegisterResponse
 from reach.storage.models import AgentRow, InstanceRow
 
@@ -214,6 +215,41 @@ def get_agent(session: Session, agent_id: str, now: float, policy: Policy) -> di
         .order_by(InstanceRow.registered_at)
     ).all()
     return agent_view(agent, [instance_view(r, now, policy) for r in rows])
+
+
+def load_candidates(
+    session: Session, flt: RouteFilter, now: float, policy: Policy, method: str | None = None
+) -> list[Candidate]:
+    """Every registered instance that could serve ``flt`` (and ``method``), with its verdict."""
+    query = (
+        select(InstanceRow, AgentRow)
+        .join(AgentRow, AgentRow.agent_id == InstanceRow.agent_id)
+        .where(InstanceRow.status != InstanceStatus.DEREGISTERED.value)
+    )
+    if flt.agent_id:
+        query = query.where(InstanceRow.agent_id == flt.agent_id)
+    out = []
+    for inst, agent in session.execute(query).tuples():
+        types = tuple(c["type"] for c in agent.capabilities)
+        if method and types and method not in types:
+            continue
+        verdict = current(inst, now, policy)
+        out.append(
+            Candidate(
+                instance_id=inst.instance_id,
+                agent_id=inst.agent_id,
+                endpoint=inst.public_endpoint or inst.endpoint,
+                status=verdict.status,
+                routable=verdict.routable,
+                reach_score=verdict.reach_score,
+                in_flight=inst.in_flight,
+                max_concurrency=inst.max_concurrency,
+                tags=tuple(agent.tags),
+                capabilities=types,
+                metadata=tuple(sorted(agent.meta.items())),
+            )
+        )
+    return out
 
 
 def instance_gauges(session: Session, now: float, policy: Policy) -> list[dict[str, Any]]:

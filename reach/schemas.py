@@ -122,3 +122,58 @@ class HeartbeatResponse(WireModel):
 class DeregisterRequest(WireModel):
     agent_id: AgentId
     instance_id: InstanceId
+
+
+TaskId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}$")]
+Method = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")]
+
+
+class TraceContext(WireModel):
+    """Carried by every reach so a chain of agents stays one story (and loops show)."""
+
+    root_id: Annotated[str, Field(max_length=128)]
+    parent_task_id: Annotated[str, Field(max_length=128)] | None = None
+    hops: int = Field(0, ge=0, le=1000)
+    path: list[Annotated[str, Field(max_length=128)]] = Field(default_factory=list, max_length=1000)
+
+
+class SubmitRequest(WireModel):
+    """``POST /v1/tasks``: one message to one agent, chosen by ID, tags or capability."""
+
+    task_id: TaskId | None = None
+    agent_id: AgentId | None = None
+    tags: list[Tag] = Field(default_factory=list, max_length=64)
+    capability: CapabilityType | None = None
+    method: Method
+    payload: dict[str, Any] = Field(default_factory=dict)
+    rules: dict[Annotated[str, Field(max_length=64)], MetadataValue] = Field(
+        default_factory=dict, max_length=32, description="agent metadata that must match"
+    )
+    timeout_ms: int = Field(30_000, ge=1, le=3_600_000)
+    session_id: Annotated[str, Field(max_length=128)] | None = None
+    trace: TraceContext | None = None
+
+    @model_validator(mode="after")
+    def _has_target(self) -> SubmitRequest:
+        if not (self.agent_id or self.tags or self.capability):
+            raise ValueError(
+                "name a target: agent_id, tags or capability (never a blind broadcast)"
+            )
+        return self
+
+
+class ResultReport(WireModel):
+    """``POST /v1/tasks/{id}/result``: the agent's late answer after a 202."""
+
+    code: int = 0
+    data: Any = None
+    message: str = Field("", max_length=10_000)
+    attempt_seq: int | None = Field(None, ge=0)
+    instance_id: InstanceId | None = None
+
+
+class ProgressReport(WireModel):
+    progress: float | None = Field(None, ge=0, le=1)
+    message: str = Field("", max_length=10_000)
+    data: Any = None
+    attempt_seq: int | None = Field(None, ge=0)

@@ -127,6 +127,18 @@ class RouterSettings(_Section):
     connect_timeout: float = Field(2.0, gt=0)
     read_timeout: float = Field(30.0, gt=0)
     failure_threshold: int = Field(3, ge=1, description="consecutive failures out of the pool")
+    watchdog_grace: float = Field(30.0, ge=0, description="202 tasks: silence allowed past timeout")
+    republish_grace: float = Field(
+        10.0, gt=0, description="overdue this long: message presumed lost"
+    )
+
+    @field_validator("backoff_cap")
+    @classmethod
+    def _cap_not_below_base(cls, value: float, info: ValidationInfo) -> float:
+        base = info.data.get("backoff_base")
+        if base is not None and value < base:
+            raise ValueError("backoff_cap must not be below backoff_base")
+        return value
 
 
 class ScoreSettings(_Section):

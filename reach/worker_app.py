@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from reach.api.app import HubContext
 from reach.celery_app import create_celery
+from reach.context import HubContext
 from reach.settings import load_settings
 
 settings = load_settings()

@@ -1,5 +1,6 @@
 """The hub's HTTP API: agent-facing ``/v1``, admin ``/api/v1``, health and metrics."""
 
-from reach.api.app import HubContext, create_app
+from reach.api.app import create_app
+from reach.context import HubContext
 
 __all__ = ["HubContext", "create_app"]

@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
-from sqlalchemy import Engine, text
-from sqlalchemy.exc import IntegrityError, OperationalError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy import text
+from sqlalchemy.orm import Session
 
 from reach import metrics, monitoring, registry
 from reach.api.problems import BodyLimitMiddleware, install_problem_handlers
-from reach.clock import Clock, SystemClock
-from reach.errors import HubUnavailable, RegistrationConflict
+from reach.api.tasks import dead_letter_router, task_router
+from reach.context import HubContext
 from reach.health import InstanceStatus
-from reach.monitoring import Policy
 from reach.schemas import (
     DeregisterRequest,
     HeartbeatRequest,
@@ -27,54 +21,8 @@ from reach.schemas import (
     RegisterRequest,
     RegisterResponse,
 )
-from reach.settings import Settings
-from reach.storage import create_engine_for, session_factory
 
 T = TypeVar("T")
-
-
-@dataclass
-class HubContext:
-    """What a request handler may touch: settings, the database and the hub's clock."""
-
-    settings: Settings
-    engine: Engine
-    clock: Clock = field(default_factory=SystemClock)
-    sessions: sessionmaker[Session] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.sessions = session_factory(self.engine)
-
-    @classmethod
-    def from_settings(cls, settings: Settings, clock: Clock | None = None) -> HubContext:
-        engine = create_engine_for(settings.storage.resolved_database_url)
-        return cls(settings=settings, engine=engine, clock=clock or SystemClock())
-
-    @cached_property
-    def policy(self) -> Policy:
-        return Policy.from_settings(self.settings)
-
-    @contextmanager
-    def transaction(self) -> Iterator[Session]:
-        """One transaction; database outages surface as a 503 problem, not a 500."""
-        try:
-            with self.sessions.begin() as session:
-                yield session
-        except OperationalError as exc:
-            raise HubUnavailable(f"the hub's database is unavailable: {exc.orig}") from exc
-
-    def write(self, work: Callable[[Session], T]) -> T:
-        """Run ``work`` in a transaction; retry once if a concurrent writer won a unique race."""
-        for attempt in (1, 2):
-            try:
-                with self.transaction() as session:
-                    return work(session)
-            except IntegrityError as exc:
-                if attempt == 2:
-                    raise RegistrationConflict(
-                        "a concurrent request changed the same record; retry", cause=str(exc.orig)
-                    ) from exc
-        raise AssertionError("unreachable")
 
 
 def create_app(ctx: HubContext) -> FastAPI:
@@ -89,6 +37,8 @@ def create_app(ctx: HubContext) -> FastAPI:
     app.include_router(_health_router(ctx))
     app.include_router(_agent_router(ctx))
     app.include_router(_admin_router(ctx))
+    app.include_router(task_router(ctx))
+    app.include_router(dead_letter_router(ctx))
     return app
 
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, Select, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -23,18 +23,41 @@ def create_engine_for(url: str, **kwargs: Any) -> Engine:
             Path(database).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(url, connect_args={"timeout": 30}, **kwargs)
         event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "begin", _sqlite_begin_immediate)
         return engine
     kwargs.setdefault("pool_pre_ping", True)
     return create_engine(url, **kwargs)
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    # Let SQLAlchemy issue BEGIN itself (below), instead of pysqlite's lazy deferred BEGIN.
+    dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA busy_timeout=30000")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.close()
+
+
+def _sqlite_begin_immediate(conn: Any) -> None:
+    """Take the write lock at BEGIN: two processes that read-then-write the same row would
+    otherwise both read, and one would fail at commit (SQLITE_BUSY_SNAPSHOT, not retried)."""
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+T = TypeVar("T")
+
+
+def skip_locked(session: Session, query: Select[T]) -> Select[T]:
+    """Lock the selected rows, skipping rows another worker holds (PostgreSQL).
+
+    SQLite has no row locks; there every write transaction holds the database lock
+    (BEGIN IMMEDIATE), which serialises sweeps just as well at embedded scale.
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        return query.with_for_update(skip_locked=True)
+    return query
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:

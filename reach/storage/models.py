@@ -103,6 +103,7 @@ class InstanceEventRow(Base):
 
 class TaskRow(Base):
     __tablename__ = "tasks"
+    __table_args__ = (Index("ix_tasks_status_next_attempt", "status", "next_attempt_at"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     task_id: Mapped[str] = mapped_column(String(128), unique=True)
@@ -122,6 +123,17 @@ class TaskRow(Base):
     error: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     created_at: Mapped[float] = mapped_column(Double)
     updated_at: Mapped[float] = mapped_column(Double)
+    # delivery bookkeeping: transient failures, lost workers, backpressure deferrals
+    retries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    redeliveries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    deferrals: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    next_attempt_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    lease_until: Mapped[float | None] = mapped_column(Double, nullable=True)
+    lease_token: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    last_published_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    accepted_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    callback_url: Mapped[str | None] = mapped_column(String(512), nullable=True)
 
 
 class TaskEventRow(Base):
@@ -169,3 +181,4 @@ class DeadLetterRow(Base):
     reason: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[float] = mapped_column(Double)
     replayed_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    target: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict, server_default="{}")

@@ -7,6 +7,7 @@ or ``start``, so no socket is opened.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -194,8 +195,8 @@ def test_consecutive_failures(
 
     with_route(agent, handler)
     counts = []
-    for _ in outcomes:
-        agent.invoke("m", TASK)
+    for n, _ in enumerate(outcomes):
+        agent.invoke("m", {"task_id": f"t-{n}", "payload": {}})
         counts.append(agent._consecutive_failures)
         assert agent.in_flight == 0
     assert counts == expected_counts
@@ -205,9 +206,11 @@ def test_refusals_do_not_touch_the_failure_count(agent: reach.Agent) -> None:
     with_route(agent, handler_raising(Boom("x")))
     agent.invoke("m", TASK)
     assert agent._consecutive_failures == 1
+    agent.invoke("m", TASK)  # a transient failure is not remembered: the retry runs again
+    assert agent._consecutive_failures == 2
     agent.invoke("nope", TASK)
     agent.invoke("m", {})
-    assert agent._consecutive_failures == 1
+    assert agent._consecutive_failures == 2
 
 
 # -- construction --------------------------------------------------------------------------
@@ -288,3 +291,103 @@ def test_capability_objects_and_mappings_are_both_accepted() -> None:
         assert agent.declaration.capabilities[1].danger_level == "high"
     finally:
         agent.hub.close()
+
+
+# -- the idempotency guard: a redelivered task returns the stored answer ---------------------
+
+
+def test_redelivery_returns_the_stored_answer_without_running_again(agent: reach.Agent) -> None:
+    runs: list[str] = []
+
+    def handler(task_id: str, payload: dict[str, Any]) -> Any:
+        runs.append(task_id)
+        return {"n": len(runs)}
+
+    with_route(agent, handler)
+    first = agent.invoke("m", {"task_id": "dup", "payload": {}, "attempt_seq": 1})
+    second = agent.invoke("m", {"task_id": "dup", "payload": {}, "attempt_seq": 2})
+    assert first == second == (200, {"code": 0, "data": {"n": 1}})
+    assert runs == ["dup"]
+
+
+def test_business_errors_are_remembered_too(agent: reach.Agent) -> None:
+    runs: list[str] = []
+
+    def handler(task_id: str, payload: dict[str, Any]) -> Any:
+        runs.append(task_id)
+        raise reach.BusinessError(7, "unsupported")
+
+    with_route(agent, handler)
+    assert (
+        agent.invoke("m", TASK)
+        == agent.invoke("m", TASK)
+        == (200, {"code": 7, "message": "unsupported"})
+    )
+    assert runs == ["t-1"]
+
+
+def test_concurrent_duplicate_waits_for_the_first_copy(agent: reach.Agent) -> None:
+    release = threading.Event()
+    runs: list[str] = []
+
+    def handler(task_id: str, payload: dict[str, Any]) -> Any:
+        runs.append(task_id)
+        release.wait(5)
+        return "once"
+
+    with_route(agent, handler)
+    answers: list[Any] = []
+    first = threading.Thread(target=lambda: answers.append(agent.invoke("m", TASK)))
+    first.start()
+    while not runs:
+        time.sleep(0.001)
+    second = threading.Thread(target=lambda: answers.append(agent.invoke("m", TASK)))
+    second.start()
+    time.sleep(0.05)
+    release.set()
+    first.join(5)
+    second.join(5)
+    assert answers == [(200, {"code": 0, "data": "once"})] * 2
+    assert runs == ["t-1"]
+
+
+def test_accepted_answers_202_and_redelivery_does_not_rerun(agent: reach.Agent) -> None:
+    runs: list[str] = []
+
+    def handler(task_id: str, payload: dict[str, Any]) -> Any:
+        runs.append(task_id)
+        return reach.ACCEPTED
+
+    with_route(agent, handler)
+    assert agent.invoke("m", TASK)[0] == 202
+    assert agent.invoke("m", TASK)[0] == 202
+    assert runs == ["t-1"]
+
+
+def test_handler_sees_its_trace_and_nested_sends_continue_it(agent: reach.Agent) -> None:
+    from reach import trace
+
+    seen: list[Any] = []
+
+    def handler(task_id: str, payload: dict[str, Any]) -> Any:
+        seen.append(trace.child_of(trace.current()))
+        return None
+
+    with_route(agent, handler)
+    agent.invoke(
+        "m",
+        {
+            "task_id": "t-9",
+            "payload": {},
+            "trace": {"root_id": "root-1", "hops": 2, "path": ["caller"]},
+        },
+    )
+    assert seen == [
+        {
+            "root_id": "root-1",
+            "parent_task_id": "t-9",
+            "hops": 3,
+            "path": ["caller", agent.agent_id],
+        }
+    ]
+    assert trace.current() is None  # nothing leaks out of the handler

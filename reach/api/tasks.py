@@ -1,0 +1,142 @@
+"""Task endpoints: submit, read (with long-poll), result and progress reports, audit trail,
+and the operator's dead-letter queue."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from fastapi.responses import JSONResponse
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+
+from reach import deadletters, delivery, submission
+from reach.context import HubContext
+from reach.delivery import Publish
+from reach.errors import UnknownTask
+from reach.schemas import ProgressReport, ResultReport, SubmitRequest
+from reach.storage.models import TaskEventRow, TaskRow
+
+MAX_WAIT_S = 60.0
+
+
+def task_router(ctx: HubContext) -> APIRouter:
+    router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
+
+    @router.post("", status_code=201, responses={200: {}, 404: {}, 409: {}, 422: {}})
+    def submit(body: SubmitRequest) -> JSONResponse:
+        def work(session: Session) -> tuple[dict[str, Any], bool]:
+            row, created = submission.submit(session, body, ctx.clock.now())
+            return delivery.task_view(row), created
+
+        view, created = ctx.write(work)
+        if created:
+            ctx.publish_attempts([Publish(view["task_id"], 1, 0.0)])
+        return JSONResponse(view, status_code=201 if created else 200)
+
+    @router.get("/{task_id}", responses={404: {}})
+    async def get_task(
+        task_id: str, wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 0.0
+    ) -> dict[str, Any]:
+        """The task; with ``wait`` > 0, hold the request until it is terminal or time is up."""
+        deadline = time.monotonic() + wait
+        pause = 0.02
+        while True:
+            view = await run_in_threadpool(_read, ctx, task_id)
+            if view["status"] in submission.TERMINAL or time.monotonic() >= deadline:
+                return view
+            await asyncio.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(pause * 1.5, 0.25)
+
+    @router.post("/{task_id}/result", responses={404: {}})
+    def report_result(task_id: str, body: ResultReport) -> dict[str, Any]:
+        def work(session: Session) -> dict[str, Any]:
+            decided = delivery.report_result(
+                session,
+                task_id,
+                body.code,
+                body.data,
+                body.message,
+                ctx.clock.now(),
+                attempt_seq=body.attempt_seq,
+                instance_id=body.instance_id,
+            )
+            task = session.scalar(select(TaskRow).where(TaskRow.task_id == task_id))
+            assert task is not None
+            return {"task_id": task_id, "decided": decided, "status": task.status}
+
+        return ctx.write(work)
+
+    @router.post("/{task_id}/progress", responses={404: {}})
+    def report_progress(task_id: str, body: ProgressReport) -> dict[str, Any]:
+        detail = body.model_dump(exclude_none=True)
+        ctx.write(lambda s: delivery.report_progress(s, task_id, detail, ctx.clock.now()))
+        return {"task_id": task_id, "recorded": True}
+
+    @router.get("/{task_id}/events", responses={404: {}})
+    def task_events(task_id: str) -> dict[str, Any]:
+        with ctx.transaction() as session:
+            if session.scalar(select(TaskRow.id).where(TaskRow.task_id == task_id)) is None:
+                raise UnknownTask(f"task {task_id!r} does not exist", task_id=task_id)
+            rows = session.scalars(
+                select(TaskEventRow)
+                .where(TaskEventRow.task_id == task_id)
+                .order_by(TaskEventRow.id)
+            ).all()
+            return {
+                "task_id": task_id,
+                "events": [
+                    {
+                        "kind": r.kind,
+                        "at": r.at,
+                        "attempt_seq": r.attempt_seq,
+                        "agent_id": r.agent_id,
+                        "instance_id": r.instance_id,
+                        "detail": r.detail,
+                    }
+                    for r in rows
+                ],
+            }
+
+    return router
+
+
+def dead_letter_router(ctx: HubContext) -> APIRouter:
+    router = APIRouter(prefix="/api/v1/dead-letters", tags=["admin"])
+
+    @router.get("")
+    def list_dead(
+        include_replayed: bool = False, limit: Annotated[int, Query(ge=1, le=1000)] = 100
+    ) -> dict[str, Any]:
+        with ctx.transaction() as session:
+            rows = deadletters.list_dead(session, include_replayed, limit)
+            return {"dead_letters": [deadletters.view(r) for r in rows]}
+
+    @router.get("/{dead_id}", responses={404: {}})
+    def show(dead_id: int) -> dict[str, Any]:
+        with ctx.transaction() as session:
+            return deadletters.view(deadletters.get(session, dead_id))
+
+    @router.post("/{dead_id}/replay", responses={404: {}, 409: {}})
+    def replay(dead_id: int) -> dict[str, Any]:
+        item = ctx.write(lambda s: deadletters.replay(s, dead_id, ctx.clock.now()))
+        ctx.publish_attempts([item])
+        return {
+            "dead_letter_id": dead_id,
+            "task_id": item.task_id,
+            "attempt_seq": item.attempt_seq,
+            "status": "pending",
+        }
+
+    return router
+
+
+def _read(ctx: HubContext, task_id: str) -> dict[str, Any]:
+    with ctx.transaction() as session:
+        row = session.scalar(select(TaskRow).where(TaskRow.task_id == task_id))
+        if row is None:
+            raise UnknownTask(f"task {task_id!r} does not exist", task_id=task_id)
+        return delivery.task_view(row)

@@ -1,0 +1,477 @@
+"""Delivery of one attempt, and every way an attempt can end.
+
+At-least-once with fencing:
+
+* ``claim`` moves a task from ``pending`` to ``dispatching`` only for the message's own
+  ``attempt_seq`` and only if no live lease exists, so a duplicate broker message (Redis
+  visibility timeout, relay republish) finds nothing to do while the first copy runs.
+* Every non-terminal transition is conditional on the claim's lease token; terminal ones
+  are conditional on the task not being terminal yet, so the first result wins and later
+  ones are recorded as events.
+* A retry is a new attempt (``attempt_seq + 1``) with its own outbox row, written in the
+  same transaction as the state change; publishing it is the caller's job (the Celery
+  shell) and the relay's if the caller dies first.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from reach import metrics, registry
+from reach.errors import NoSuitableAgent
+from reach.monitoring import Policy
+from reach.retry import Outcome, RetryPolicy, backoff_delay, classify, should_retry
+from reach.routing import RouteFilter, choose_excluding
+from reach.settings import Settings
+from reach.storage.models import DeadLetterRow, OutboxRow, TaskEventRow, TaskRow
+from reach.transport import AgentAnswer, AgentTransport
+
+log = logging.getLogger("reach.delivery")
+TERMINAL = ("success", "failed", "dead", "cancelled")
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryPolicy:
+    retry: RetryPolicy
+    connect_timeout: float
+    read_timeout: float
+    lease_margin: float = 10.0
+    watchdog_grace: float = 30.0
+    republish_grace: float = 10.0
+    max_redeliveries: int = 5
+    max_deferrals: int = 50
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> DeliveryPolicy:
+        r = settings.router
+        return cls(
+            retry=RetryPolicy(max_retry=r.max_retry, base=r.backoff_base, cap=r.backoff_cap),
+            connect_timeout=r.connect_timeout,
+            read_timeout=r.read_timeout,
+            watchdog_grace=r.watchdog_grace,
+            republish_grace=r.republish_grace,
+        )
+
+    def read_timeout_for(self, task: TaskRow) -> float:
+        return max(0.05, min(self.read_timeout, task.timeout_ms / 1000))
+
+    def lease_for(self, task: TaskRow) -> float:
+        return self.connect_timeout + self.read_timeout_for(task) + self.lease_margin
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    """Instruction for the Celery shell: publish this attempt after ``delay`` seconds."""
+
+    task_id: str
+    attempt_seq: int
+    delay: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Dispatch:
+    task_id: str
+    attempt_seq: int
+    token: str
+    url: str
+    body: dict[str, Any]
+    instance_id: str
+    agent_id: str
+    read_timeout: float
+
+
+def deliver_attempt(
+    sessions: sessionmaker[Session],
+    task_id: str,
+    attempt_seq: int,
+    *,
+    now: Callable[[], float],
+    policy: Policy,
+    dpolicy: DeliveryPolicy,
+    transport: AgentTransport,
+    rng: random.Random,
+) -> Publish | None:
+    """Claim, route, call the agent, record the outcome. Returns a retry to publish, if any."""
+    with sessions.begin() as session:
+        claimed = claim(session, task_id, attempt_seq, now(), dpolicy)
+        if claimed is None:
+            return None
+        route = _route(session, claimed, now(), policy, dpolicy, rng)
+        if isinstance(route, str):
+            return fail_transient(
+                session,
+                claimed,
+                claimed.lease_token,
+                now(),
+                dpolicy,
+                rng,
+                reason="no_route",
+                error={"kind": "no_route", "message": route},
+            )
+        dispatch = route
+    started = time.perf_counter()
+    answer = transport.post(
+        dispatch.url,
+        dispatch.body,
+        dpolicy.connect_timeout,
+        dispatch.read_timeout,
+        headers={"X-Reach-Task-Id": task_id, "X-Reach-Attempt": str(attempt_seq)},
+    )
+    metrics.DELIVERY_SECONDS.observe(time.perf_counter() - started)
+    outcome = classify(answer.status, answer.body)
+    metrics.DELIVERY_TOTAL.labels(outcome.value).inc()
+    with sessions.begin() as session:
+        return record_outcome(session, dispatch, outcome, answer, now(), dpolicy, rng)
+
+
+def claim(
+    session: Session, task_id: str, attempt_seq: int, now: float, dpolicy: DeliveryPolicy
+) -> TaskRow | None:
+    task = load_for_update(session, task_id)
+    if task is None or task.attempt_seq != attempt_seq or task.status in TERMINAL:
+        return None  # stale or duplicate message: the fencing token moved on
+    lease_alive = task.status == "dispatching" and (task.lease_until or 0) > now
+    if task.status not in ("pending", "dispatching") or lease_alive:
+        return None  # executing (202) or another copy holds the lease
+    if task.status == "dispatching":
+        task.redeliveries += 1  # the previous holder died without a word
+    task.status = "dispatching"
+    task.lease_token = uuid.uuid4().hex
+    task.lease_until = now + dpolicy.lease_for(task)
+    task.updated_at = now
+    return task
+
+
+def _route(
+    session: Session,
+    task: TaskRow,
+    now: float,
+    policy: Policy,
+    dpolicy: DeliveryPolicy,
+    rng: random.Random,
+) -> _Dispatch | str:
+    target = task.target
+    flt = RouteFilter(
+        agent_id=target.get("agent_id"),
+        tags=tuple(target.get("tags") or ()),
+        capability=target.get("capability"),
+        rules=tuple(sorted((target.get("rules") or {}).items())),
+    )
+    candidates = registry.load_candidates(session, flt, now, policy, method=task.method)
+    exclude = {task.instance_id} if task.instance_id and task.retries else set()
+    try:
+        chosen = choose_excluding(candidates, flt, rng, exclude)
+    except NoSuitableAgent as exc:
+        return exc.detail
+    task.instance_id = chosen.instance_id
+    task.agent_id = chosen.agent_id
+    deadline = now + dpolicy.read_timeout_for(task)
+    task.deadline = deadline
+    body = {
+        "task_id": task.task_id,
+        "method": task.method,
+        "payload": task.payload,
+        "attempt_seq": task.attempt_seq,
+        "idempotency_key": task.idempotency_key or task.task_id,
+        "trace": task.trace,
+        "session_id": task.session_id,
+        "deadline": deadline,
+    }
+    record_event(
+        session,
+        task,
+        "dispatched",
+        now,
+        {"endpoint": chosen.endpoint, "reach_score": round(chosen.reach_score, 1)},
+    )
+    assert task.lease_token is not None
+    return _Dispatch(
+        task.task_id,
+        task.attempt_seq,
+        task.lease_token,
+        f"{chosen.endpoint}/tasks/{task.method}",
+        body,
+        chosen.instance_id,
+        chosen.agent_id,
+        dpolicy.read_timeout_for(task),
+    )
+
+
+def record_outcome(
+    session: Session,
+    d: _Dispatch,
+    outcome: Outcome,
+    answer: AgentAnswer,
+    now: float,
+    dpolicy: DeliveryPolicy,
+    rng: random.Random,
+) -> Publish | None:
+    task = load_for_update(session, d.task_id)
+    if task is None:
+        return None
+    body = answer.body if isinstance(answer.body, dict) else {}
+    if outcome is Outcome.SUCCESS:
+        finish(
+            session,
+            task,
+            "success",
+            now,
+            result=body.get("data"),
+            detail={"instance_id": d.instance_id, "attempt_seq": d.attempt_seq},
+        )
+        return None
+    if outcome is Outcome.BUSINESS_ERROR:
+        raw_code = body.get("code")
+        code = raw_code if isinstance(raw_code, int) and not isinstance(raw_code, bool) else None
+        code = answer.status if code is None else code
+        error = {
+            "kind": "business",
+            "code": code,
+            "message": str(body.get("message") or answer.body)[:2000],
+            "http_status": answer.status,
+        }
+        finish(
+            session,
+            task,
+            "failed",
+            now,
+            error=error,
+            detail={"instance_id": d.instance_id, "attempt_seq": d.attempt_seq},
+        )
+        return None
+    if not _holds_lease(task, d):
+        record_event(
+            session,
+            task,
+            "late_outcome",
+            now,
+            {"outcome": outcome.value, "attempt_seq": d.attempt_seq},
+        )
+        return None
+    if outcome is Outcome.ACCEPTED:
+        task.status = "executing"
+        task.accepted_at = now
+        task.deadline = now + task.timeout_ms / 1000 + dpolicy.watchdog_grace
+        task.lease_until = None
+        task.updated_at = now
+        record_event(session, task, "ack", now, {"instance_id": d.instance_id})
+        return None
+    if outcome is Outcome.BACKPRESSURE and task.deferrals < dpolicy.max_deferrals:
+        task.deferrals += 1
+        delay = backoff_delay(min(task.deferrals, 5), dpolicy.retry, rng)
+        return schedule_retry(
+            session,
+            task,
+            now,
+            delay,
+            "backpressure",
+            {"instance_id": d.instance_id, "deferrals": task.deferrals},
+        )
+    error = {
+        "kind": answer.error_kind,
+        "http_status": answer.status,
+        "message": (answer.error or str(answer.body))[:2000],
+        "instance_id": d.instance_id,
+    }
+    return fail_transient(
+        session, task, d.token, now, dpolicy, rng, reason="transient", error=error
+    )
+
+
+def fail_transient(
+    session: Session,
+    task: TaskRow,
+    token: str | None,
+    now: float,
+    dpolicy: DeliveryPolicy,
+    rng: random.Random,
+    *,
+    reason: str,
+    error: dict[str, Any],
+) -> Publish | None:
+    """A transient failure of the current attempt: retry with backoff, or dead-letter."""
+    if token is not None and task.lease_token != token:
+        return None
+    task.error = error
+    if not should_retry(task.retries, dpolicy.retry):
+        dead_letter(session, task, now, reason=f"{task.retries} retries exhausted", error=error)
+        return None
+    task.retries += 1
+    delay = backoff_delay(task.retries, dpolicy.retry, rng)
+    return schedule_retry(
+        session, task, now, delay, reason, {"error": error, "retry": task.retries}
+    )
+
+
+def schedule_retry(
+    session: Session, task: TaskRow, now: float, delay: float, reason: str, detail: dict[str, Any]
+) -> Publish:
+    task.attempt_seq += 1
+    task.status = "pending"
+    task.lease_token = None
+    task.lease_until = None
+    task.next_attempt_at = now + delay
+    task.updated_at = now
+    session.add(
+        OutboxRow(
+            task_id=task.task_id,
+            agent_id=task.agent_id or "-",
+            attempt_seq=task.attempt_seq,
+            message={"task_id": task.task_id, "attempt_seq": task.attempt_seq},
+            created_at=now,
+            available_at=now + delay,
+        )
+    )
+    record_event(
+        session, task, "retry", now, {"reason": reason, "delay_s": round(delay, 3), **detail}
+    )
+    metrics.RETRY_TOTAL.labels(reason).inc()
+    return Publish(task.task_id, task.attempt_seq, delay)
+
+
+def finish(
+    session: Session,
+    task: TaskRow,
+    status: str,
+    now: float,
+    *,
+    result: Any = None,
+    error: dict[str, Any] | None = None,
+    detail: dict[str, Any] | None = None,
+) -> bool:
+    """Make the task terminal unless it already is (first terminal result wins)."""
+    if task.status in TERMINAL:
+        record_event(session, task, "duplicate_result", now, {"status": status, **(detail or {})})
+        return False
+    task.status = status
+    task.result = result
+    task.error = error
+    task.finished_at = now
+    task.updated_at = now
+    task.lease_token = None
+    task.lease_until = None
+    kind = "terminal_success" if status == "success" else "terminal_failure"
+    record_event(
+        session, task, kind, now, {**(detail or {}), **({"error": error} if error else {})}
+    )
+    metrics.TASKS_TOTAL.labels(status).inc()
+    return True
+
+
+def dead_letter(
+    session: Session, task: TaskRow, now: float, *, reason: str, error: dict[str, Any]
+) -> None:
+    finish(session, task, "dead", now, error={**error, "reason": reason})
+    session.add(
+        DeadLetterRow(
+            task_id=task.task_id,
+            agent_id=task.agent_id,
+            method=task.method,
+            payload=task.payload,
+            attempts=task.attempt_seq,
+            last_error=error,
+            reason=reason,
+            created_at=now,
+            target=task.target,
+        )
+    )
+    record_event(session, task, "dead_letter", now, {"reason": reason})
+    metrics.DEAD_LETTER_TOTAL.inc()
+    log.error("ALERT dead-lettered task %s (%s): %s", task.task_id, reason, error.get("message"))
+
+
+def mark_published(session: Session, task_id: str, attempt_seq: int, now: float) -> None:
+    session.execute(
+        update(OutboxRow)
+        .where(OutboxRow.task_id == task_id, OutboxRow.attempt_seq == attempt_seq)
+        .values(published_at=now)
+    )
+    session.execute(update(TaskRow).where(TaskRow.task_id == task_id).values(last_published_at=now))
+
+
+def _holds_lease(task: TaskRow, d: _Dispatch) -> bool:
+    return task.status == "dispatching" and task.lease_token == d.token
+
+
+def record_event(
+    session: Session, task: TaskRow, kind: str, now: float, detail: dict[str, Any]
+) -> None:
+    session.add(
+        TaskEventRow(
+            task_id=task.task_id,
+            agent_id=task.agent_id,
+            instance_id=task.instance_id,
+            attempt_seq=task.attempt_seq,
+            kind=kind,
+            detail=detail,
+            at=now,
+        )
+    )
+
+
+def load_for_update(session: Session, task_id: str) -> TaskRow | None:
+    """The task row, locked until the transaction ends (PostgreSQL; SQLite locks the file)."""
+    return session.scalar(select(TaskRow).where(TaskRow.task_id == task_id).with_for_update())
+
+
+def report_result(
+    session: Session,
+    task_id: str,
+    code: int,
+    data: Any,
+    message: str,
+    now: float,
+    *,
+    attempt_seq: int | None,
+    instance_id: str | None,
+) -> bool:
+    """An agent's late answer (after 202). Returns True if it decided the task."""
+    task = load_for_update(session, task_id)
+    if task is None:
+        from reach.errors import UnknownTask
+
+        raise UnknownTask(f"task {task_id!r} does not exist", task_id=task_id)
+    detail = {"reported_by": instance_id, "attempt_seq": attempt_seq, "late_report": True}
+    if code == 0:
+        return finish(session, task, "success", now, result=data, detail=detail)
+    error = {"kind": "business", "code": code, "message": message[:2000]}
+    return finish(session, task, "failed", now, error=error, detail=detail)
+
+
+def report_progress(session: Session, task_id: str, detail: dict[str, Any], now: float) -> None:
+    task = session.scalar(select(TaskRow).where(TaskRow.task_id == task_id))
+    if task is None:
+        from reach.errors import UnknownTask
+
+        raise UnknownTask(f"task {task_id!r} does not exist", task_id=task_id)
+    record_event(session, task, "progress", now, detail)
+
+
+def task_view(task: TaskRow) -> dict[str, Any]:
+    return {
+        "task_id": task.task_id,
+        "status": task.status,
+        "method": task.method,
+        "target": task.target,
+        "agent_id": task.agent_id,
+        "instance_id": task.instance_id,
+        "attempt_seq": task.attempt_seq,
+        "retries": task.retries,
+        "result": task.result,
+        "error": task.error,
+        "trace": task.trace,
+        "session_id": task.session_id,
+        "timeout_ms": task.timeout_ms,
+        "created_at": task.created_at,
+        "updated_at": task.updated_at,
+        "finished_at": task.finished_at,
+    }

@@ -1,0 +1,39 @@
+"""Publishing delivery attempts to the broker (the edge between the hub and Celery).
+
+A failed publish is not an error for the caller: the attempt is already durable in the
+outbox, and the relay publishes it once the broker answers again.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from reach.delivery import Publish
+
+log = logging.getLogger("reach.publisher")
+DELIVER_TASK = "reach.deliver"
+DELIVERY_QUEUE = "reach"
+_RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
+
+
+class Publisher:
+    def __init__(self, celery_app: Any) -> None:
+        self.app = celery_app
+
+    def publish(self, item: Publish) -> bool:
+        try:
+            self.app.send_task(
+                DELIVER_TASK,
+                args=[item.task_id, item.attempt_seq],
+                countdown=item.delay if item.delay > 0 else None,
+                queue=DELIVERY_QUEUE,
+                retry=True,
+                retry_policy=_RETRY_POLICY,
+            )
+        except Exception as exc:  # any broker error: the outbox keeps the attempt
+            log.warning(
+                "publish of %s#%d deferred to the relay: %s", item.task_id, item.attempt_seq, exc
+            )
+            return False
+        return True

@@ -1,0 +1,184 @@
+"""Accepting a task: validate it, pick nothing yet, and make it durable in one transaction.
+
+The instance is chosen at delivery time (state changes by the second); what is decided
+here is whether *any* registered agent can take the task at all — an unknown target or a
+payload that fails the capability's ``params_schema`` is refused before anything is
+queued. The task row, its first event and its outbox row commit together, so a crash
+before the broker hears of it loses nothing: the relay publishes what commit left behind.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from reach.errors import InvalidRegistration, NoSuitableAgent, TaskConflict
+from reach.routing import RouteFilter
+from reach.schemas import SubmitRequest
+from reach.storage.models import AgentRow, InstanceRow, OutboxRow, TaskEventRow, TaskRow
+
+TERMINAL = frozenset({"success", "failed", "dead", "cancelled"})
+
+
+class InvalidPayload(InvalidRegistration):
+    """The payload does not satisfy the capability's params_schema."""
+
+    slug = "invalid-payload"
+    title = "Invalid payload"
+
+
+def route_filter(req: SubmitRequest) -> RouteFilter:
+    return RouteFilter(
+        agent_id=req.agent_id,
+        tags=tuple(sorted(req.tags)),
+        capability=req.capability,
+        rules=tuple(sorted(req.rules.items())),
+    )
+
+
+def target_of(req: SubmitRequest) -> dict[str, Any]:
+    return {
+        "agent_id": req.agent_id,
+        "tags": sorted(req.tags),
+        "capability": req.capability,
+        "rules": dict(sorted(req.rules.items())),
+    }
+
+
+def target_key(target: dict[str, Any]) -> str:
+    """The outbox's agent column: the agent when named, else the filter in short."""
+    if target.get("agent_id"):
+        return str(target["agent_id"])
+    return f"tags={','.join(target.get('tags') or [])};cap={target.get('capability') or ''}"[:128]
+
+
+def submit(session: Session, req: SubmitRequest, now: float) -> tuple[TaskRow, bool]:
+    """Create the task (or return the existing one with this task_id): (row, created)."""
+    target = target_of(req)
+    if req.task_id is not None:
+        existing = session.scalar(select(TaskRow).where(TaskRow.task_id == req.task_id))
+        if existing is not None:
+            same = (existing.target, existing.method, existing.payload) == (
+                target,
+                req.method,
+                req.payload,
+            )
+            if not same:
+                raise TaskConflict(
+                    f"task_id {req.task_id!r} is already used by a different task",
+                    task_id=req.task_id,
+                )
+            return existing, False
+    _check_target(session, req)
+    task_id = req.task_id or f"t-{uuid.uuid4().hex}"
+    trace = (
+        req.trace.model_dump()
+        if req.trace
+        else {"root_id": task_id, "parent_task_id": None, "hops": 0, "path": []}
+    )
+    row = TaskRow(
+        task_id=task_id,
+        agent_id=req.agent_id,
+        target=target,
+        method=req.method,
+        payload=req.payload,
+        status="pending",
+        attempt_seq=1,
+        idempotency_key=task_id,
+        session_id=req.session_id,
+        trace=trace,
+        timeout_ms=req.timeout_ms,
+        created_at=now,
+        updated_at=now,
+        next_attempt_at=now,
+        retries=0,
+        redeliveries=0,
+        deferrals=0,
+    )
+    session.add(row)
+    session.add(
+        TaskEventRow(
+            task_id=task_id,
+            agent_id=req.agent_id,
+            attempt_seq=1,
+            kind="accepted",
+            detail={"target": target},
+            at=now,
+        )
+    )
+    session.add(
+        OutboxRow(
+            task_id=task_id,
+            agent_id=target_key(target),
+            attempt_seq=1,
+            message={"task_id": task_id, "attempt_seq": 1},
+            created_at=now,
+            available_at=now,
+        )
+    )
+    session.flush()
+    return row, True
+
+
+def _check_target(session: Session, req: SubmitRequest) -> None:
+    """At least one registered agent must match and accept the payload."""
+    flt = route_filter(req)
+    query = select(AgentRow)
+    if req.agent_id:
+        query = query.where(AgentRow.agent_id == req.agent_id)
+    registered = {
+        a
+        for (a,) in session.execute(
+            select(InstanceRow.agent_id).where(InstanceRow.status != "deregistered").distinct()
+        )
+    }
+    schema_errors: list[str] = []
+    matched = 0
+    for agent in session.scalars(query):
+        if agent.agent_id not in registered:
+            continue
+        if req.tags and not set(req.tags) <= set(agent.tags):
+            continue
+        types = {c["type"]: c for c in agent.capabilities}
+        if req.capability and req.capability not in types:
+            continue
+        if any(
+            agent.meta.get(k) != v or type(agent.meta.get(k)) is not type(v)
+            for k, v in req.rules.items()
+        ):
+            continue
+        capability = types.get(req.method) or (
+            types.get(req.capability) if req.capability else None
+        )
+        if types and capability is None:
+            continue  # the agent declares what it does, and this method is not among it
+        if capability is not None:
+            error = _schema_error(capability.get("params_schema") or {}, req.payload)
+            if error:
+                schema_errors.append(f"{agent.agent_id}: {error}")
+                continue
+        matched += 1
+    if matched:
+        return
+    if schema_errors:
+        raise InvalidPayload(
+            f"payload does not satisfy params_schema of {req.method!r}: {schema_errors[0]}",
+            errors=schema_errors,
+        )
+    raise NoSuitableAgent(
+        f"no registered agent matches {flt.describe()} with method {req.method!r}",
+        filter={k: v for k, v in target_of(req).items() if v},
+        method=req.method,
+    )
+
+
+def _schema_error(schema: dict[str, Any], payload: Any) -> str | None:
+    error = next(iter(Draft202012Validator(schema).iter_errors(payload)), None)
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.absolute_path) or "<payload>"
+    return f"{where}: {error.message}"

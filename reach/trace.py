@@ -1,0 +1,58 @@
+"""Trace context: every reach carries (root_id, parent_task_id, hops, path).
+
+Inside a handler the SDK sets the current task's context, so a ``reach.send`` made there
+continues the same trace one hop further — the thread the hub follows to answer "which
+agents handled this, in what order" and, later, to refuse dependency loops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+_current: ContextVar[dict[str, Any] | None] = ContextVar("reach_trace", default=None)
+
+
+def current() -> dict[str, Any] | None:
+    """The trace of the task being handled in this thread, if any."""
+    return _current.get()
+
+
+def hub_of_current() -> str | None:
+    """Inside a handler, the hub its agent talks to (the default for nested reaches)."""
+    ctx = _current.get()
+    return None if ctx is None else ctx.get("hub")
+
+
+@contextmanager
+def handling(
+    task_id: str, trace: dict[str, Any] | None, agent_id: str, hub: str | None = None
+) -> Iterator[None]:
+    """Mark the current thread as handling ``task_id`` of ``agent_id``."""
+    base = dict(trace or {})
+    ctx = {
+        "root_id": base.get("root_id") or task_id,
+        "task_id": task_id,
+        "hops": int(base.get("hops") or 0),
+        "path": [*list(base.get("path") or []), agent_id],
+        "hub": hub,
+    }
+    token = _current.set(ctx)
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+def child_of(parent: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The trace a new reach sent from inside a handler carries (None at the edge)."""
+    if parent is None:
+        return None
+    return {
+        "root_id": parent["root_id"],
+        "parent_task_id": parent["task_id"],
+        "hops": parent["hops"] + 1,
+        "path": list(parent["path"]),
+    }

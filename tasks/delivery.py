@@ -1,0 +1,42 @@
+"""Delivery of one attempt: a thin shell over ``reach.delivery``.
+
+Acks late and is rejected (requeued) when its worker dies; a duplicate copy of the
+message finds the attempt claimed or already finished and does nothing.
+"""
+
+from __future__ import annotations
+
+import random
+from functools import lru_cache
+
+from celery import shared_task
+
+from reach.delivery import deliver_attempt
+from reach.transport import AgentTransport
+
+
+@lru_cache(maxsize=1)
+def transport() -> AgentTransport:
+    return AgentTransport()
+
+
+_rng = random.Random()
+
+
+@shared_task(name="reach.deliver", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def deliver(task_id: str, attempt_seq: int) -> None:
+    from reach.worker_app import runtime
+
+    ctx = runtime()
+    retry = deliver_attempt(
+        ctx.sessions,
+        task_id,
+        attempt_seq,
+        now=ctx.clock.now,
+        policy=ctx.policy,
+        dpolicy=ctx.delivery_policy,
+        transport=transport(),
+        rng=_rng,
+    )
+    if retry is not None:
+        ctx.publish_attempts([retry])
