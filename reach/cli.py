@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -200,6 +200,160 @@ def _score_cell(score: float | None) -> str:
         return "-"
     colour = "green" if score >= 80 else "yellow" if score >= 60 else "red"
     return f"[{colour}]{score:.1f}[/{colour}]"
+
+
+tasks_app = typer.Typer(help="Tasks.", no_args_is_help=True)
+dlq_app = typer.Typer(help="The dead-letter queue.", no_args_is_help=True)
+app.add_typer(tasks_app, name="tasks")
+app.add_typer(dlq_app, name="dlq")
+
+
+def _fail(exc: ReachError) -> NoReturn:
+    err_console.print(f"[red]{type(exc).__name__}:[/red] {exc}")
+    raise typer.Exit(1)
+
+
+@app.command()
+def send(
+    method: Annotated[str, typer.Argument(help="Method (capability type) to call")],
+    payload: Annotated[str, typer.Option(help="JSON object")] = "{}",
+    agent_id: Annotated[str | None, typer.Option("--agent", help="Agent ID")] = None,
+    tag: Annotated[list[str] | None, typer.Option(help="Required tag (repeatable)")] = None,
+    capability: Annotated[str | None, typer.Option(help="Required capability")] = None,
+    task_id: Annotated[str | None, typer.Option(help="Task ID (idempotency key)")] = None,
+    timeout_ms: Annotated[int, typer.Option(help="Task timeout (ms)")] = 30_000,
+    wait: Annotated[float, typer.Option(help="Seconds to wait for the result (0: don't)")] = 30.0,
+    hub: HubOption = None,
+) -> None:
+    """Send a task and (by default) wait for its result."""
+    from reach.client import send as send_task
+    from reach.client import wait_for_result
+
+    try:
+        body = json.loads(payload)
+    except ValueError as exc:
+        err_console.print(f"[red]--payload is not JSON:[/red] {exc}")
+        raise typer.Exit(2) from None
+    if not isinstance(body, dict):
+        err_console.print("[red]--payload must be a JSON object[/red]")
+        raise typer.Exit(2)
+    try:
+        sub = send_task(
+            method=method,
+            payload=body,
+            agent_id=agent_id,
+            tags=tag or (),
+            capability=capability,
+            task_id=task_id,
+            timeout_ms=timeout_ms,
+            hub=hub,
+        )
+        if wait <= 0:
+            print(json.dumps({"task_id": sub.task_id, "status": sub.status}))
+            return
+        result = wait_for_result(sub.task_id, timeout=wait, hub=hub)
+    except ReachError as exc:
+        _fail(exc)
+    print(
+        json.dumps(
+            {
+                "task_id": result.task_id,
+                "status": "success",
+                "agent_id": result.agent_id,
+                "result": result.data,
+            },
+            indent=2,
+        )
+    )
+
+
+@tasks_app.command("show")
+def tasks_show(task_id: str, hub: HubOption = None) -> None:
+    """Show a task and its audit trail."""
+    from reach.hub_client import HubClient
+
+    client = HubClient(hub)
+    try:
+        task = client.get(f"/v1/tasks/{task_id}")
+        events = client.get(f"/v1/tasks/{task_id}/events")["events"]
+    except ReachError as exc:
+        _fail(exc)
+    finally:
+        client.close()
+    console.print(
+        f"[bold]{task['task_id']}[/bold]  {task['status']}  method={task['method']}  "
+        f"agent={task['agent_id']}  attempt={task['attempt_seq']}  "
+        f"retries={task['retries']}"
+    )
+    if task.get("result") is not None:
+        console.print(f"result: {json.dumps(task['result'])}")
+    if task.get("error"):
+        console.print(f"error: {json.dumps(task['error'])}")
+    table = Table(title="events")
+    for column in ("at", "kind", "attempt", "agent", "instance", "detail"):
+        table.add_column(column)
+    for e in events:
+        table.add_row(
+            f"{e['at']:.3f}",
+            e["kind"],
+            str(e["attempt_seq"]),
+            e["agent_id"] or "-",
+            (e["instance_id"] or "-")[:12],
+            json.dumps(e["detail"])[:120],
+        )
+    console.print(table)
+
+
+@dlq_app.command("list")
+def dlq_list(
+    all_: Annotated[bool, typer.Option("--all", help="Include replayed entries")] = False,
+    hub: HubOption = None,
+) -> None:
+    """List dead-lettered tasks."""
+    from reach.hub_client import HubClient
+
+    try:
+        rows = HubClient(hub).get(
+            "/api/v1/dead-letters", params={"include_replayed": str(all_).lower()}
+        )["dead_letters"]
+    except ReachError as exc:
+        _fail(exc)
+    table = Table(title="dead letters")
+    for column in ("id", "task", "agent", "method", "attempts", "reason", "replayed"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(
+            str(r["id"]),
+            r["task_id"],
+            r["agent_id"] or "-",
+            r["method"],
+            str(r["attempts"]),
+            r["reason"],
+            "yes" if r["replayed_at"] else "",
+        )
+    console.print(table)
+
+
+@dlq_app.command("show")
+def dlq_show(dead_id: int, hub: HubOption = None) -> None:
+    """Show one dead letter."""
+    from reach.hub_client import HubClient
+
+    try:
+        print(json.dumps(HubClient(hub).get(f"/api/v1/dead-letters/{dead_id}"), indent=2))
+    except ReachError as exc:
+        _fail(exc)
+
+
+@dlq_app.command("replay")
+def dlq_replay(dead_id: int, hub: HubOption = None) -> None:
+    """Replay a dead letter with a fresh retry budget."""
+    from reach.hub_client import HubClient
+
+    try:
+        print(json.dumps(HubClient(hub).post(f"/api/v1/dead-letters/{dead_id}/replay", {})))
+    except ReachError as exc:
+        _fail(exc)
 
 
 @db_app.command("upgrade")

@@ -16,6 +16,7 @@
     │   ├── BusinessError
     │   └── DeadLettered            retries exhausted; the task waits in the dead-letter queue
     ├── TaskError
+    │   ├── InvalidPayload          the payload fails the capability's params_schema
     │   ├── UnknownTask
     │   ├── TaskConflict            a task_id reused for a different task
     │   └── ResultTimeout           no terminal result within the caller's wait
@@ -196,6 +197,14 @@ class TaskError(ReachError):
     slug = "task-error"
     status = 400
     title = "Task error"
+
+
+class InvalidPayload(TaskError):
+    """The payload does not satisfy the capability's params_schema."""
+
+    slug = "invalid-payload"
+    status = 422
+    title = "Invalid payload"
 
 
 class UnknownTask(TaskError):

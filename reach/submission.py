@@ -16,19 +16,12 @@ from jsonschema import Draft202012Validator
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from reach.errors import InvalidRegistration, NoSuitableAgent, TaskConflict
+from reach.errors import InvalidPayload, NoSuitableAgent, TaskConflict
 from reach.routing import RouteFilter
 from reach.schemas import SubmitRequest
 from reach.storage.models import AgentRow, InstanceRow, OutboxRow, TaskEventRow, TaskRow
 
 TERMINAL = frozenset({"success", "failed", "dead", "cancelled"})
-
-
-class InvalidPayload(InvalidRegistration):
-    """The payload does not satisfy the capability's params_schema."""
-
-    slug = "invalid-payload"
-    title = "Invalid payload"
 
 
 def route_filter(req: SubmitRequest) -> RouteFilter:

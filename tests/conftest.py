@@ -188,3 +188,159 @@ def hub_api(store_url: str, tmp_path: Path) -> Iterator[str]:
         yield base
     finally:
         proc.stop()
+
+
+AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
+
+
+class Stack:
+    """A hub of real processes (api, worker, beat) on one store and broker."""
+
+    def __init__(self, url: str, env: dict[str, str], home: Path, procs: list[HubProcess]) -> None:
+        self.url = url
+        self.env = env
+        self.home = home
+        self.procs = procs
+
+    @property
+    def worker(self) -> HubProcess:
+        return self.procs[1]
+
+    def instance(self, agent_id: str) -> dict[str, Any] | None:
+        agents = requests.get(f"{self.url}/api/v1/agents", timeout=5).json()["agents"]
+        for agent in agents:
+            if agent["agent_id"] == agent_id and agent["instances"]:
+                return dict(agent["instances"][0])
+        return None
+
+    def instances(self, agent_id: str) -> list[dict[str, Any]]:
+        r = requests.get(f"{self.url}/api/v1/agents/{agent_id}", timeout=5)
+        return list(r.json().get("instances", [])) if r.ok else []
+
+    def metrics(self) -> str:
+        return str(requests.get(f"{self.url}/metrics", timeout=5).text)
+
+    def task(self, task_id: str) -> dict[str, Any]:
+        return dict(requests.get(f"{self.url}/v1/tasks/{task_id}", timeout=5).json())
+
+    def events(self, task_id: str) -> list[dict[str, Any]]:
+        r = requests.get(f"{self.url}/v1/tasks/{task_id}/events", timeout=5)
+        return list(r.json()["events"])
+
+    def start_worker(self, concurrency: int = 2) -> HubProcess:
+        n = len(self.procs)
+        proc = HubProcess(
+            ["worker", "--concurrency", str(concurrency)], self.env, self.home / f"worker-{n}.log"
+        )
+        self.procs.append(proc)
+        return proc
+
+
+def start_stack(
+    store_url: str, home: Path, extra: dict[str, str], worker_concurrency: int = 2
+) -> Stack:
+    env = hub_env(store_url, home, **extra)
+    port = free_port()
+    procs = [
+        HubProcess(["api", "--port", str(port)], env, home / "api.log"),
+        HubProcess(["worker", "--concurrency", str(worker_concurrency)], env, home / "worker.log"),
+        HubProcess(["beat"], env, home / "beat.log"),
+    ]
+    stack = Stack(f"http://127.0.0.1:{port}", env, home, procs)
+    try:
+        wait_http_ok(stack.url + "/healthz", procs[0])
+    except BaseException:
+        stop_stack(stack)
+        raise
+    return stack
+
+
+def stop_stack(stack: Stack) -> None:
+    for p in stack.procs:
+        p.stop()
+
+
+@pytest.fixture
+def stack(store_url: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stack]:
+    """api + worker + beat; PostgreSQL stores get the real Redis broker.
+
+    Parametrise indirectly with a dict of extra REACH_* settings.
+    """
+    extra: dict[str, str] = {
+        "REACH_PROBE__INTERVAL": "0.5",
+        "REACH_PROBE__FAST_INTERVAL": "0.5",
+        "REACH_HEARTBEAT__SWEEP_INTERVAL": "0.5",
+    }
+    if "postgres" in store_url:
+        redis_url: str = request.getfixturevalue("redis_db")
+        extra.update(REACH_BROKER_URL=redis_url, REACH_RESULT_BACKEND=redis_url)
+    extra.update(getattr(request, "param", {}) or {})
+    s = start_stack(store_url, tmp_path, extra)
+    try:
+        yield s
+    finally:
+        stop_stack(s)
+
+
+class AgentProcess:
+    """tests/acceptance/agents/recording_agent.py as its own process."""
+
+    SCRIPT = REPO / "tests" / "acceptance" / "agents" / "recording_agent.py"
+
+    def __init__(
+        self,
+        hub: str,
+        log: Path,
+        *,
+        agent_id: str = "recorder",
+        mode: str = "sync",
+        delay: float = 0.0,
+        port: int | None = None,
+        max_concurrency: int = 8,
+    ) -> None:
+        self.port = port or free_port()
+        self.log = log
+        self.args = [
+            sys.executable,
+            str(self.SCRIPT),
+            "--port",
+            str(self.port),
+            "--hub",
+            hub,
+            "--agent-id",
+            agent_id,
+            "--mode",
+            mode,
+            "--delay",
+            str(delay),
+            "--log",
+            str(log),
+            "--max-concurrency",
+            str(max_concurrency),
+        ]
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            self.args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def executions(self) -> list[str]:
+        if not self.log.exists():
+            return []
+        return [line.split()[0] for line in self.log.read_text().splitlines() if line.strip()]

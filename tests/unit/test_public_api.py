@@ -21,6 +21,7 @@ EXPECTED_ALL = [
     "DeadLettered",
     "DeliveryError",
     "HubUnavailable",
+    "InvalidPayload",
     "InvalidRegistration",
     "LoopDetected",
     "LoopbackAddress",

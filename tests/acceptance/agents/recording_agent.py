@@ -1,0 +1,66 @@
+"""A test agent that records every handler execution (its side effect) in a file.
+
+Modes: ``sync`` answers with the result; ``accept-die`` answers 202 and then exits
+without reporting; ``accept-report`` answers 202 and reports the result a moment later;
+``fail`` raises (transient, 500); ``business`` answers code 7.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+import time
+
+import reach
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--port", type=int, required=True)
+parser.add_argument("--hub", required=True)
+parser.add_argument("--agent-id", default="recorder")
+parser.add_argument("--mode", default="sync")
+parser.add_argument("--delay", type=float, default=0.0)
+parser.add_argument("--log", required=True)
+parser.add_argument("--max-concurrency", type=int, default=8)
+parser.add_argument("--heartbeat-interval", type=float, default=0.5)
+args = parser.parse_args()
+
+agent = reach.Agent(
+    args.agent_id,
+    addr=f"127.0.0.1:{args.port}",
+    allow_loopback=True,
+    tags=["recorder"],
+    capabilities=[{"type": "work.do", "params_schema": {"type": "object"}}],
+    max_concurrency=args.max_concurrency,
+    heartbeat_interval=args.heartbeat_interval,
+    hub=args.hub,
+)
+lock = threading.Lock()
+
+
+def side_effect(task_id: str) -> None:
+    with lock, open(args.log, "a") as f:
+        f.write(f"{task_id} {os.getpid()}\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+@agent.route("work.do")
+def work(task_id: str, payload: dict) -> object:
+    side_effect(task_id)
+    if args.delay:
+        time.sleep(args.delay)
+    if args.mode == "fail":
+        raise RuntimeError("transient trouble")
+    if args.mode == "business":
+        raise reach.BusinessError(7, "unsupported")
+    if args.mode == "accept-die":
+        threading.Timer(0.2, lambda: os._exit(3)).start()
+        return reach.ACCEPTED
+    if args.mode == "accept-report":
+        threading.Timer(0.3, lambda: agent.report_result(task_id, {"late": payload})).start()
+        return reach.ACCEPTED
+    return {"echo": payload, "pid": os.getpid()}
+
+
+agent.serve()

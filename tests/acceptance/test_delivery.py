@@ -1,0 +1,288 @@
+"""send → agent → result through real processes: hub api, worker, beat, agents."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import requests
+
+import reach
+from reach.retry import RetryPolicy, delay_bounds
+from tests.conftest import AgentProcess, Stack, hub_env, wait_until
+
+FAST_RETRIES = {
+    "REACH_ROUTER__BACKOFF_BASE": "0.2",
+    "REACH_ROUTER__BACKOFF_CAP": "5",
+    "REACH_ROUTER__CONNECT_TIMEOUT": "0.5",
+    "REACH_ROUTER__READ_TIMEOUT": "3",
+}
+
+
+def online(stack: Stack, agent_id: str, count: int = 1) -> None:
+    wait_until(
+        lambda: len([i for i in stack.instances(agent_id) if i["status"] == "online"]) >= count,
+        timeout=30,
+        what=f"{count} online instance(s) of {agent_id}",
+    )
+
+
+def kinds(stack: Stack, task_id: str) -> list[str]:
+    return [e["kind"] for e in stack.events(task_id)]
+
+
+def test_send_and_wait_for_result(stack: Stack, tmp_path: Path) -> None:
+    agent = AgentProcess(stack.url, tmp_path / "x.log")
+    try:
+        online(stack, "recorder")
+        sub = reach.send(
+            agent_id="recorder",
+            method="work.do",
+            payload={"n": 1},
+            task_id="task-20240915-001",
+            hub=stack.url,
+        )
+        result = reach.wait_for_result(sub.task_id, timeout=30, hub=stack.url)
+        assert result.data["echo"] == {"n": 1}
+        assert result.agent_id == "recorder" and result.attempt_seq == 1
+        # idempotent on task_id: resubmitting returns the same task, nothing runs again
+        again = reach.send(
+            agent_id="recorder",
+            method="work.do",
+            payload={"n": 1},
+            task_id="task-20240915-001",
+            hub=stack.url,
+        )
+        assert again.task_id == sub.task_id and again.status == "success"
+        assert kinds(stack, sub.task_id) == ["accepted", "dispatched", "terminal_success"]
+        by_tags = reach.send(tags=["recorder"], method="work.do", payload={"n": 2}, hub=stack.url)
+        assert reach.wait_for_result(by_tags.task_id, hub=stack.url).data["echo"] == {"n": 2}
+        assert agent.executions() == [sub.task_id, by_tags.task_id]
+
+        # the command line: reach send, reach tasks show
+        env = {**stack.env, "COLUMNS": "200"}
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "reach",
+                "send",
+                "work.do",
+                "--agent",
+                "recorder",
+                "--payload",
+                '{"n": 3}',
+                "--hub",
+                stack.url,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        sent = json.loads(out.stdout)
+        assert sent["result"]["echo"] == {"n": 3}
+        shown = subprocess.run(
+            [sys.executable, "-m", "reach", "tasks", "show", sent["task_id"], "--hub", stack.url],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert shown.returncode == 0 and "terminal_success" in shown.stdout
+        bad = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "reach",
+                "send",
+                "work.do",
+                "--agent",
+                "nobody",
+                "--hub",
+                stack.url,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert bad.returncode == 1 and "NoSuitableAgent" in bad.stderr
+    finally:
+        agent.stop()
+
+
+def test_business_error_is_reported_after_exactly_one_attempt(stack: Stack, tmp_path: Path) -> None:
+    agent = AgentProcess(stack.url, tmp_path / "x.log", mode="business")
+    try:
+        online(stack, "recorder")
+        sub = reach.send(agent_id="recorder", method="work.do", hub=stack.url)
+        with pytest.raises(reach.BusinessError) as err:
+            reach.wait_for_result(sub.task_id, timeout=30, hub=stack.url)
+        assert err.value.code == 7
+        assert kinds(stack, sub.task_id).count("dispatched") == 1
+        assert agent.executions() == [sub.task_id]
+    finally:
+        agent.stop()
+
+
+@pytest.mark.parametrize("stack", [FAST_RETRIES], indirect=True)
+def test_agent_down_then_back_within_the_retry_window_is_delivered(
+    stack: Stack, tmp_path: Path
+) -> None:
+    agent = AgentProcess(stack.url, tmp_path / "x.log")
+    online(stack, "recorder")
+    agent.kill()
+    sub = reach.send(agent_id="recorder", method="work.do", payload={"k": 1}, hub=stack.url)
+    wait_until(lambda: stack.task(sub.task_id)["retries"] >= 2, timeout=20, what="two retries")
+    agent.start()  # same port, new process: back within the window
+    try:
+        result = reach.wait_for_result(sub.task_id, timeout=40, hub=stack.url)
+        assert result.data["echo"] == {"k": 1}
+        assert stack.task(sub.task_id)["retries"] >= 2
+        assert agent.executions() == [sub.task_id]
+    finally:
+        agent.stop()
+
+
+@pytest.mark.parametrize("stack", [FAST_RETRIES], indirect=True)
+def test_agent_down_for_good_is_dead_lettered_after_exactly_max_retry(
+    stack: Stack, tmp_path: Path
+) -> None:
+    agent = AgentProcess(stack.url, tmp_path / "x.log")
+    online(stack, "recorder")
+    agent.kill()
+    sub = reach.send(agent_id="recorder", method="work.do", payload={"k": 2}, hub=stack.url)
+    with pytest.raises(reach.DeadLettered):
+        reach.wait_for_result(sub.task_id, timeout=60, hub=stack.url)
+    events = stack.events(sub.task_id)
+    retries = [e for e in events if e["kind"] == "retry"]
+    assert len(retries) == 5  # router.max_retry
+    assert [e["kind"] for e in events][-2:] == ["terminal_failure", "dead_letter"]
+    policy = RetryPolicy(max_retry=5, base=0.2, cap=5)
+    for n, event in enumerate(retries, start=1):
+        low, high = delay_bounds(n, policy)
+        assert low <= event["detail"]["delay_s"] <= high
+    # and each next attempt really waited its delay (and not much longer)
+    failures = [e["at"] for e in events if e["kind"] in ("retry", "terminal_failure")]
+    for event, failed_again_at in zip(retries, failures[1:], strict=True):
+        waited = failed_again_at - event["at"]
+        assert event["detail"]["delay_s"] - 0.05 <= waited <= event["detail"]["delay_s"] + 3.0
+    assert re.search(r"agentreach_router_dead_letter_total [1-9]", stack.metrics())
+
+    # the operator sees it and replays it once the agent is back
+    dead = requests.get(f"{stack.url}/api/v1/dead-letters", timeout=5).json()["dead_letters"]
+    (entry,) = [d for d in dead if d["task_id"] == sub.task_id]
+    agent.start()
+    online(stack, "recorder")
+    out = subprocess.run(
+        [sys.executable, "-m", "reach", "dlq", "replay", str(entry["id"]), "--hub", stack.url],
+        env=hub_env("x", tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    try:
+        assert reach.wait_for_result(sub.task_id, timeout=30, hub=stack.url).data["echo"] == {
+            "k": 2
+        }
+    finally:
+        agent.stop()
+    again = requests.post(f"{stack.url}/api/v1/dead-letters/{entry['id']}/replay", timeout=5)
+    assert again.status_code == 409
+
+
+@pytest.mark.parametrize(
+    "stack", [{**FAST_RETRIES, "REACH_ROUTER__WATCHDOG_GRACE": "1"}], indirect=True
+)
+def test_agent_that_accepts_then_dies_is_caught_by_the_watchdog(
+    stack: Stack, tmp_path: Path
+) -> None:
+    dying = AgentProcess(stack.url, tmp_path / "a.log", agent_id="worker-pool", mode="accept-die")
+    online(stack, "worker-pool")
+    sub = reach.send(agent_id="worker-pool", method="work.do", timeout_ms=1000, hub=stack.url)
+    wait_until(lambda: "ack" in kinds(stack, sub.task_id), timeout=20, what="202 ack")
+    healthy = AgentProcess(
+        stack.url, tmp_path / "b.log", agent_id="worker-pool", mode="accept-report"
+    )
+    try:
+        result = reach.wait_for_result(sub.task_id, timeout=40, hub=stack.url)
+        assert result.data == {"late": {}}
+        events = stack.events(sub.task_id)
+        retry = next(e for e in events if e["kind"] == "retry")
+        assert retry["detail"]["reason"] == "watchdog"
+        assert dying.executions() == [sub.task_id]
+        assert healthy.executions() == [sub.task_id]
+    finally:
+        healthy.stop()
+        dying.kill()
+
+
+def test_late_results_first_wins_and_duplicates_are_recorded(stack: Stack, tmp_path: Path) -> None:
+    agent = AgentProcess(stack.url, tmp_path / "x.log", mode="accept-report")
+    try:
+        online(stack, "recorder")
+        sub = reach.send(agent_id="recorder", method="work.do", payload={"v": 1}, hub=stack.url)
+        assert reach.wait_for_result(sub.task_id, timeout=30, hub=stack.url).data == {
+            "late": {"v": 1}
+        }
+        assert reach.report_result(sub.task_id, {"other": True}, hub=stack.url) is False
+        assert stack.task(sub.task_id)["result"] == {"late": {"v": 1}}
+        assert "duplicate_result" in kinds(stack, sub.task_id)
+    finally:
+        agent.stop()
+
+
+def test_load_spreads_over_near_equal_instances(stack: Stack, tmp_path: Path) -> None:
+    agents = [AgentProcess(stack.url, tmp_path / f"{n}.log", agent_id="pool") for n in range(2)]
+    try:
+        online(stack, "pool", count=2)
+        wait_until(
+            lambda: all(i["probe_status"] == "ok" for i in stack.instances("pool")),
+            timeout=30,
+            what="probes",
+        )
+        subs = [
+            reach.send(agent_id="pool", method="work.do", payload={"i": i}, hub=stack.url)
+            for i in range(60)
+        ]
+        served = Counter(
+            reach.wait_for_result(s.task_id, timeout=60, hub=stack.url).instance_id for s in subs
+        )
+        assert len(served) == 2, served
+        assert min(served.values()) >= 12, served  # 60 tasks, each instance >= 20 %
+    finally:
+        for a in agents:
+            a.stop()
+
+
+def test_bad_submissions_are_refused_before_anything_is_queued(
+    stack: Stack, tmp_path: Path
+) -> None:
+    agent = AgentProcess(stack.url, tmp_path / "x.log")
+    try:
+        online(stack, "recorder")
+        cases = [
+            ({"method": "work.do", "agent_id": "nobody"}, 404, "no-suitable-agent"),
+            ({"method": "work.do"}, 422, "invalid-request"),
+            ({"method": "work.undeclared", "agent_id": "recorder"}, 404, "no-suitable-agent"),
+            ({"method": "work.do", "agent_id": "recorder", "payload": [1]}, 422, "invalid-request"),
+        ]
+        for body, status, slug in cases:
+            r = requests.post(f"{stack.url}/v1/tasks", json=body, timeout=5)
+            assert (r.status_code, r.json()["type"]) == (
+                status,
+                f"urn:agent-reach:problem:{slug}",
+            ), body
+        time.sleep(0.5)
+        assert agent.executions() == []
+    finally:
+        agent.stop()
