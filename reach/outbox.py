@@ -24,6 +24,7 @@ from reach.delivery import (
     Publish,
     dead_letter,
     fail_transient,
+    record_event,
     schedule_retry,
 )
 from reach.storage.engine import skip_locked as _skip_locked
@@ -82,6 +83,13 @@ def recover(
     ).all()
     for task in overdue:
         task.last_published_at = now
+        record_event(
+            session,
+            task,
+            "republished",
+            now,
+            {"overdue_s": round(now - (task.next_attempt_at or now), 3)},
+        )
         publish.append(Publish(task.task_id, task.attempt_seq, 0.0))
 
     redelivered = 0

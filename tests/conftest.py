@@ -123,7 +123,18 @@ class HubProcess:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             cwd=REPO,
+            start_new_session=True,  # its own process group: kill_group() reaches the children
         )
+
+    def kill_group(self) -> None:
+        """SIGKILL the process and all its children (a prefork worker dies mid-flight)."""
+        import signal
+
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
 
     def output(self) -> str:
         self._log.flush()

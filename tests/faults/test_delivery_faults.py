@@ -1,0 +1,189 @@
+"""Fault tests: every accepted task reaches a terminal state, and no side effect runs twice.
+
+Real PostgreSQL, real Redis, real worker processes killed with SIGKILL, a real Redis
+restart, a real agent process recording each handler execution.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+import reach
+from reach.storage import create_engine_for, session_factory
+from reach.storage.models import TaskRow
+from tests.conftest import AgentProcess, Stack, start_stack, stop_stack, wait_until
+
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.redis,
+    pytest.mark.parametrize("store_url", ["postgres"], indirect=True),
+]
+
+FAULT_SETTINGS = {
+    "REACH_ROUTER__CONNECT_TIMEOUT": "0.5",
+    "REACH_ROUTER__READ_TIMEOUT": "2",
+    "REACH_ROUTER__REPUBLISH_GRACE": "2",
+    "REACH_ROUTER__BACKOFF_BASE": "0.2",
+    "REACH_ROUTER__BACKOFF_CAP": "2",
+    "REACH_PROBE__INTERVAL": "1",
+    "REACH_HEARTBEAT__SWEEP_INTERVAL": "1",
+}
+REDIS_START = [
+    "redis-server",
+    "--daemonize",
+    "yes",
+    "--bind",
+    "127.0.0.1",
+    "-::1",
+    "--port",
+    "6379",
+    "--save",
+    "",
+    "--appendonly",
+    "no",
+    "--dir",
+    "/var/lib/redis",
+    "--logfile",
+    "/var/log/redis/ci.log",
+]
+
+
+@pytest.fixture
+def pg_stack(store_url: str, redis_db: str, tmp_path: Path) -> Iterator[tuple[Stack, str]]:
+    redis_url = redis_db
+    extra = {**FAULT_SETTINGS, "REACH_BROKER_URL": redis_url, "REACH_RESULT_BACKEND": redis_url}
+    stack = start_stack(store_url, tmp_path, extra)
+    try:
+        yield stack, store_url
+    finally:
+        stop_stack(stack)
+
+
+def statuses(store_url: str) -> Counter[str]:
+    engine = create_engine_for(store_url)
+    try:
+        with session_factory(engine)() as s:
+            rows = s.execute(select(TaskRow.status, func.count()).group_by(TaskRow.status)).all()
+            return Counter({status: count for status, count in rows})
+    finally:
+        engine.dispose()
+
+
+def submit_all(stack: Stack, ids: list[str], pause: float = 0.0) -> list[str]:
+    def one(task_id: str) -> str:
+        for _ in range(50):  # the hub itself may be briefly unreachable during a fault
+            try:
+                reach.send(
+                    agent_id="recorder",
+                    method="work.do",
+                    payload={"id": task_id},
+                    task_id=task_id,
+                    hub=stack.url,
+                )
+                return task_id
+            except reach.HubUnavailable:
+                time.sleep(0.2)
+        raise AssertionError(f"could not submit {task_id}")
+
+    with ThreadPoolExecutor(4) as pool:
+        futures = []
+        for task_id in ids:
+            futures.append(pool.submit(one, task_id))
+            if pause:
+                time.sleep(pause)
+        return [f.result() for f in futures]
+
+
+def recovery_events(store_url: str) -> Counter[str]:
+    """How the safety nets stepped in: retries by reason, republished attempts."""
+    from reach.storage.models import TaskEventRow
+
+    engine = create_engine_for(store_url)
+    try:
+        with session_factory(engine)() as s:
+            rows = s.scalars(
+                select(TaskEventRow).where(TaskEventRow.kind.in_(["retry", "republished"]))
+            ).all()
+            return Counter(r.detail.get("reason", r.kind) for r in rows)
+    finally:
+        engine.dispose()
+
+
+def assert_exactly_once(store_url: str, agent: AgentProcess, ids: list[str]) -> None:
+    final = wait_until(
+        lambda: (
+            (c := statuses(store_url))
+            and sum(c.values()) == len(ids)
+            and c["success"] == len(ids)
+            and c
+        ),
+        timeout=180,
+        interval=1.0,
+        what="every task to succeed",
+    )
+    assert final == Counter({"success": len(ids)})
+    runs = Counter(agent.executions())
+    twice = {task_id: n for task_id, n in runs.items() if n > 1}
+    assert not twice, f"handler side effects repeated: {twice}"
+    assert set(runs) == set(ids)
+
+
+def test_worker_killed_mid_flight_loses_nothing(
+    pg_stack: tuple[Stack, str], tmp_path: Path
+) -> None:
+    stack, store_url = pg_stack
+    agent = AgentProcess(stack.url, tmp_path / "side-effects.log", delay=0.02, max_concurrency=16)
+    try:
+        wait_until(lambda: stack.instance("recorder"), timeout=30, what="agent registered")
+        ids = [f"kill-{n:03d}" for n in range(500)]
+        submitter = threading.Thread(target=submit_all, args=(stack, ids))
+        submitter.start()
+        wait_until(lambda: len(agent.executions()) >= 80, timeout=60, what="work under way")
+        stack.worker.kill_group()  # SIGKILL the worker and its pool children mid-flight
+        time.sleep(1.0)
+        stack.start_worker()
+        submitter.join(120)
+        assert_exactly_once(store_url, agent, ids)
+        # the kill really caught deliveries mid-flight, and the lease expiry recovered them
+        assert recovery_events(store_url)["worker_lost"] >= 1
+    finally:
+        agent.stop()
+
+
+def test_redis_restart_during_a_run_loses_nothing(
+    pg_stack: tuple[Stack, str], tmp_path: Path
+) -> None:
+    stack, store_url = pg_stack
+    agent = AgentProcess(stack.url, tmp_path / "side-effects.log", delay=0.01)
+    try:
+        wait_until(lambda: stack.instance("recorder"), timeout=30, what="agent registered")
+        ids = [f"redis-{n:03d}" for n in range(200)]
+        submitter = threading.Thread(target=submit_all, args=(stack, ids, 0.02))
+        submitter.start()
+        wait_until(lambda: len(agent.executions()) >= 30, timeout=60, what="work under way")
+        # Redis on this machine keeps nothing on disk: every queued message is lost.
+        subprocess.run(["redis-cli", "-p", "6379", "shutdown", "nosave"], timeout=10)
+        time.sleep(2.0)
+        subprocess.run(REDIS_START, check=True, timeout=10)
+        submitter.join(120)
+        assert_exactly_once(store_url, agent, ids)
+        # queued messages died with Redis; the recovery scan republished them
+        assert recovery_events(store_url)["republished"] >= 1
+    finally:
+        agent.stop()
+        _ensure_redis()
+
+
+def _ensure_redis() -> None:
+    ping = subprocess.run(["redis-cli", "-p", "6379", "ping"], capture_output=True, text=True)
+    if "PONG" not in ping.stdout:
+        subprocess.run(REDIS_START, check=False, timeout=10)
