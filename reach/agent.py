@@ -378,6 +378,12 @@ def _make_request_handler(agent: Agent) -> type[BaseHTTPRequestHandler]:
         protocol_version = "HTTP/1.1"
         server_version = "reach-agent"
 
+        def handle(self) -> None:
+            try:
+                super().handle()
+            except (ConnectionResetError, BrokenPipeError):
+                pass  # the peer left early (a probe reads only the status line): not an error
+
         def do_GET(self) -> None:
             if self.path == "/healthz":
                 self._reply(

@@ -62,7 +62,7 @@ def send(
         "session_id": session_id,
         "trace": trace.child_of(trace.current()),
     }
-    client = HubClient(hub or trace.hub_of_current())
+    client = HubClient(hub)
     try:
         answer = client.post("/v1/tasks", {k: v for k, v in body.items() if v is not None})
     finally:

@@ -17,7 +17,12 @@ DEFAULT_HUB_URL = "http://127.0.0.1:8800"
 
 
 def default_hub_url() -> str:
-    return os.environ.get("REACH_HUB_URL", DEFAULT_HUB_URL).rstrip("/")
+    """Inside a handler, its agent's hub; else ``$REACH_HUB_URL``; else 127.0.0.1:8800."""
+    from reach import trace
+
+    return (trace.hub_of_current() or os.environ.get("REACH_HUB_URL") or DEFAULT_HUB_URL).rstrip(
+        "/"
+    )
 
 
 class HubClient:

@@ -229,7 +229,7 @@ def load_candidates(
     if flt.agent_id:
         query = query.where(InstanceRow.agent_id == flt.agent_id)
     out = []
-    for inst, agent in session.execute(query).tuples():
+    for inst, agent in session.execute(query).all():
         types = tuple(c["type"] for c in agent.capabilities)
         if method and types and method not in types:
             continue

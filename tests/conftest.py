@@ -308,6 +308,7 @@ class AgentProcess:
         delay: float = 0.0,
         port: int | None = None,
         max_concurrency: int = 8,
+        extra: tuple[str, ...] = (),
     ) -> None:
         self.port = port or free_port()
         self.log = log
@@ -328,14 +329,14 @@ class AgentProcess:
             str(log),
             "--max-concurrency",
             str(max_concurrency),
+            *extra,
         ]
         self.proc: subprocess.Popen[bytes] | None = None
         self.start()
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(
-            self.args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+        with self.log.with_suffix(".out").open("ab") as out:  # the agent's own log, for failures
+            self.proc = subprocess.Popen(self.args, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

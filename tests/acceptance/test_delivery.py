@@ -286,3 +286,82 @@ def test_bad_submissions_are_refused_before_anything_is_queued(
         assert agent.executions() == []
     finally:
         agent.stop()
+
+
+def test_send_from_inside_a_handler_carries_the_trace(stack: Stack, tmp_path: Path) -> None:
+    back = AgentProcess(stack.url, tmp_path / "back.log")
+    front = AgentProcess(
+        stack.url,
+        tmp_path / "front.log",
+        agent_id="front",
+        mode="forward",
+        extra=("--forward-to", "recorder"),
+    )
+    try:
+        online(stack, "recorder")
+        online(stack, "front")
+        sub = reach.send(agent_id="front", method="work.do", payload={"q": 1}, hub=stack.url)
+        result = reach.wait_for_result(sub.task_id, timeout=30, hub=stack.url)
+        assert result.data["forwarded"]["echo"] == {"q": 1}
+        inner = stack.task(result.data["inner_task_id"])
+        assert inner["trace"] == {
+            "root_id": sub.task_id,
+            "parent_task_id": sub.task_id,
+            "hops": 1,
+            "path": ["front"],
+        }
+        assert stack.task(sub.task_id)["trace"]["hops"] == 0
+        assert re.search(
+            r'agentreach_router_delivery_total\{outcome="success"\} [2-9]', stack.metrics()
+        )
+    finally:
+        front.stop()
+        back.stop()
+
+
+def test_instance_at_max_concurrency_is_skipped_while_another_can_take_the_task(
+    stack: Stack, tmp_path: Path
+) -> None:
+    busy = AgentProcess(
+        stack.url, tmp_path / "busy.log", agent_id="pool", delay=60, max_concurrency=1
+    )
+    try:
+        online(stack, "pool")
+        reach.send(
+            agent_id="pool",
+            method="work.do",
+            payload={"hold": True},
+            timeout_ms=90_000,
+            hub=stack.url,
+        )
+        wait_until(
+            lambda: stack.instances("pool")[0]["in_flight"] == 1,
+            timeout=20,
+            what="the only instance at max_concurrency",
+        )
+        free = AgentProcess(stack.url, tmp_path / "free.log", agent_id="pool")
+        try:
+            wait_until(  # the busy one is degraded (at capacity); the free one online
+                lambda: (
+                    sorted(i["status"] for i in stack.instances("pool")) == ["degraded", "online"]
+                ),
+                timeout=30,
+                what="one degraded, one online",
+            )
+            wait_until(
+                lambda: all(i["probe_status"] == "ok" for i in stack.instances("pool")),
+                timeout=30,
+                what="probes of both",
+            )
+            subs = [
+                reach.send(agent_id="pool", method="work.do", payload={"i": i}, hub=stack.url)
+                for i in range(10)
+            ]
+            for s in subs:
+                reach.wait_for_result(s.task_id, timeout=30, hub=stack.url)
+            assert len(free.executions()) == 10, [stack.events(s.task_id) for s in subs]
+            assert len(busy.executions()) == 1
+        finally:
+            free.stop()
+    finally:
+        busy.kill()

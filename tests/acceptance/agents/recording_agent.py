@@ -2,13 +2,16 @@
 
 Modes: ``sync`` answers with the result; ``accept-die`` answers 202 and then exits
 without reporting; ``accept-report`` answers 202 and reports the result a moment later;
-``fail`` raises (transient, 500); ``business`` answers code 7.
+``fail`` raises (transient, 500); ``business`` answers code 7; ``forward`` sends the
+payload on to ``--forward-to`` from inside the handler and returns that result.
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
+import signal
 import threading
 import time
 
@@ -23,6 +26,7 @@ parser.add_argument("--delay", type=float, default=0.0)
 parser.add_argument("--log", required=True)
 parser.add_argument("--max-concurrency", type=int, default=8)
 parser.add_argument("--heartbeat-interval", type=float, default=0.5)
+parser.add_argument("--forward-to", default="recorder")
 args = parser.parse_args()
 
 agent = reach.Agent(
@@ -36,6 +40,7 @@ agent = reach.Agent(
     hub=args.hub,
 )
 lock = threading.Lock()
+faulthandler.register(signal.SIGUSR1)  # dump every thread on demand (debugging hangs)
 
 
 def side_effect(task_id: str) -> None:
@@ -57,6 +62,10 @@ def work(task_id: str, payload: dict) -> object:
     if args.mode == "accept-die":
         threading.Timer(0.2, lambda: os._exit(3)).start()
         return reach.ACCEPTED
+    if args.mode == "forward":  # a second hop, sent from inside this handler
+        sub = reach.send(agent_id=args.forward_to, method="work.do", payload=payload)
+        inner = reach.wait_for_result(sub.task_id, timeout=30)
+        return {"forwarded": inner.data, "inner_task_id": sub.task_id}
     if args.mode == "accept-report":
         threading.Timer(0.3, lambda: agent.report_result(task_id, {"late": payload})).start()
         return reach.ACCEPTED

@@ -1,0 +1,170 @@
+"""Delivery against a real agent endpoint and a real store, with a controlled clock:
+duplicate messages, stale messages and lost workers never run a task twice."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from reach import outbox, registry, submission
+from reach.clock import ManualClock
+from reach.delivery import DeliveryPolicy, Publish, deliver_attempt
+from reach.monitoring import Policy
+from reach.schemas import RegisterRequest, SubmitRequest
+from reach.settings import Settings
+from reach.storage import session_factory
+from reach.storage.models import OutboxRow, TaskEventRow, TaskRow
+from reach.transport import AgentTransport
+from tests.support.envelope_server import EnvelopeServer
+
+SETTINGS = Settings.model_validate({"router": {"backoff_base": 0.5, "read_timeout": 5}})
+
+
+@pytest.fixture
+def sessions(engine: Engine) -> sessionmaker[Session]:
+    return session_factory(engine)
+
+
+@pytest.fixture
+def agent() -> Iterator[EnvelopeServer]:
+    server = EnvelopeServer(delay=0.3)
+    yield server
+    server.close()
+
+
+def setup(sessions: sessionmaker[Session], clock: ManualClock, addr: str) -> str:
+    policy = Policy.from_settings(SETTINGS)
+    with sessions.begin() as s:
+        registry.register(
+            s,
+            RegisterRequest(
+                agent_id="a", addr=addr, allow_loopback=True, capabilities=[{"type": "m"}]
+            ),
+            clock.now(),
+            policy,
+        )
+        task, created = submission.submit(s, SubmitRequest(agent_id="a", method="m"), clock.now())
+    assert created
+    return task.task_id
+
+
+def attempt(
+    sessions: sessionmaker[Session], clock: ManualClock, task_id: str, seq: int
+) -> Publish | None:
+    return deliver_attempt(
+        sessions,
+        task_id,
+        seq,
+        now=clock.now,
+        policy=Policy.from_settings(SETTINGS),
+        dpolicy=DeliveryPolicy.from_settings(SETTINGS),
+        transport=AgentTransport(),
+        rng=random.Random(1),
+    )
+
+
+def task(sessions: sessionmaker[Session], task_id: str) -> TaskRow:
+    with sessions() as s:
+        row = s.scalar(select(TaskRow).where(TaskRow.task_id == task_id))
+        assert row is not None
+        return row
+
+
+def test_submit_writes_task_event_and_outbox_together(
+    sessions: sessionmaker[Session], agent: EnvelopeServer
+) -> None:
+    task_id = setup(sessions, ManualClock(), agent.addr)
+    with sessions() as s:
+        assert s.scalar(select(TaskRow.status).where(TaskRow.task_id == task_id)) == "pending"
+        (event,) = s.scalars(select(TaskEventRow).where(TaskEventRow.task_id == task_id)).all()
+        (row,) = s.scalars(select(OutboxRow).where(OutboxRow.task_id == task_id)).all()
+    assert (event.kind, row.attempt_seq, row.published_at) == ("accepted", 1, None)
+
+
+def test_concurrent_duplicate_messages_deliver_once(
+    sessions: sessionmaker[Session], agent: EnvelopeServer
+) -> None:
+    clock = ManualClock()
+    task_id = setup(sessions, clock, agent.addr)
+    results: list[object] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(attempt(sessions, clock, task_id, 1)))
+        for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert agent.calls[task_id] == 1
+    assert results == [None, None]
+    assert task(sessions, task_id).status == "success"
+    # a stale copy arriving later finds a terminal task: nothing is sent
+    assert attempt(sessions, clock, task_id, 1) is None
+    assert agent.calls[task_id] == 1
+
+
+def test_lost_worker_is_recovered_and_its_zombie_copy_is_fenced(
+    sessions: sessionmaker[Session], agent: EnvelopeServer
+) -> None:
+    clock = ManualClock()
+    task_id = setup(sessions, clock, agent.addr)
+    dpolicy = DeliveryPolicy.from_settings(SETTINGS)
+    from reach.delivery import claim
+
+    with sessions.begin() as s:  # a worker claims the attempt, then dies before sending
+        assert claim(s, task_id, 1, clock.now(), dpolicy) is not None
+    with sessions.begin() as s:  # the lease is still alive: nothing to recover yet
+        assert outbox.recover(s, clock.now(), dpolicy, random.Random(1)).publish == []
+    clock.advance(dpolicy.lease_for(task(sessions, task_id)) + 1)
+    with sessions.begin() as s:
+        recovery = outbox.recover(s, clock.now(), dpolicy, random.Random(1))
+    assert [(p.task_id, p.attempt_seq) for p in recovery.publish] == [(task_id, 2)]
+    assert attempt(sessions, clock, task_id, 1) is None  # the zombie's message: fenced out
+    assert agent.calls[task_id] == 0
+    assert attempt(sessions, clock, task_id, 2) is None
+    assert agent.calls[task_id] == 1
+    row = task(sessions, task_id)
+    assert (row.status, row.attempt_seq, row.redeliveries) == ("success", 2, 1)
+    assert agent.bodies[0]["attempt_seq"] == 2
+    assert agent.bodies[0]["idempotency_key"] == task_id
+
+
+def test_transient_failure_schedules_a_retry_with_an_outbox_row(
+    sessions: sessionmaker[Session],
+) -> None:
+    server = EnvelopeServer(status=503)
+    try:
+        clock = ManualClock()
+        task_id = setup(sessions, clock, server.addr)
+        retry = attempt(sessions, clock, task_id, 1)
+        assert retry is not None and retry.attempt_seq == 2
+        assert 0.4 <= retry.delay <= 0.6  # base 0.5 s, +-20 %
+        row = task(sessions, task_id)
+        assert (row.status, row.retries, row.attempt_seq) == ("pending", 1, 2)
+        with sessions() as s:
+            seqs = s.scalars(select(OutboxRow.attempt_seq).where(OutboxRow.task_id == task_id))
+            assert sorted(seqs) == [1, 2]
+    finally:
+        server.close()
+
+
+def test_overdue_pending_attempt_is_republished(
+    sessions: sessionmaker[Session], agent: EnvelopeServer
+) -> None:
+    clock = ManualClock()
+    task_id = setup(sessions, clock, agent.addr)
+    dpolicy = DeliveryPolicy.from_settings(SETTINGS)
+    clock.advance(dpolicy.republish_grace + 1)  # its message vanished (e.g. a broker restart)
+    with sessions.begin() as s:
+        recovery = outbox.recover(s, clock.now(), dpolicy, random.Random(1))
+        left = outbox.unpublished(s, clock.now(), grace=2.0)
+    assert [(p.task_id, p.attempt_seq) for p in recovery.publish] == [(task_id, 1)]
+    assert [(p.task_id, p.attempt_seq) for p in left] == [(task_id, 1)]
+    with sessions.begin() as s:  # published once: not again within the grace
+        assert outbox.recover(s, clock.now(), dpolicy, random.Random(1)).publish == []
+        assert outbox.unpublished(s, clock.now(), grace=2.0) == []
