@@ -89,12 +89,24 @@ def api(
         err_console.print(f"[red]database not ready:[/red] {problem}")
         raise typer.Exit(2)
     ctx = HubContext.from_settings(settings)
-    uvicorn.run(
-        create_app(ctx),
-        host=host or settings.server.host,
-        port=port or settings.server.port,
-        log_level="info",
-        access_log=False,
+    bind = host or settings.server.host
+    if settings.server.admin_port is None:
+        uvicorn.run(
+            create_app(ctx),
+            host=bind,
+            port=port or settings.server.port,
+            log_level="info",
+            access_log=False,
+        )
+        return
+    from reach.api.app import Surface
+    from reach.api.serve import serve_together
+
+    serve_together(
+        [
+            (create_app(ctx, Surface.PUBLIC), bind, port or settings.server.port),
+            (create_app(ctx, Surface.ADMIN), bind, settings.server.admin_port),
+        ]
     )
 
 

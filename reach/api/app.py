@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, FastAPI, Query, Request
@@ -25,9 +26,18 @@ from reach.schemas import (
 T = TypeVar("T")
 
 
-def create_app(ctx: HubContext) -> FastAPI:
+class Surface(StrEnum):
+    """Which routes one listener serves: everything, or the agent-facing and admin halves
+    apart (``server.admin_port`` set), so the admin API and metrics can stay internal."""
+
+    ALL = "all"
+    PUBLIC = "public"
+    ADMIN = "admin"
+
+
+def create_app(ctx: HubContext, surface: Surface = Surface.ALL) -> FastAPI:
     app = FastAPI(
-        title="Agent-Reach hub",
+        title="Agent-Reach hub" + ("" if surface is Surface.ALL else f" ({surface.value})"),
         version="0.1.0",
         description="Registry, reachability and delivery between AI agents.",
     )
@@ -35,10 +45,13 @@ def create_app(ctx: HubContext) -> FastAPI:
     install_problem_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=ctx.settings.server.max_body_bytes)
     app.include_router(_health_router(ctx))
-    app.include_router(_agent_router(ctx))
-    app.include_router(_admin_router(ctx))
-    app.include_router(task_router(ctx))
-    app.include_router(dead_letter_router(ctx))
+    if surface in (Surface.ALL, Surface.PUBLIC):
+        app.include_router(_agent_router(ctx))
+        app.include_router(task_router(ctx))
+    if surface in (Surface.ALL, Surface.ADMIN):
+        app.include_router(_admin_router(ctx))
+        app.include_router(_metrics_router(ctx))
+        app.include_router(dead_letter_router(ctx))
     return app
 
 
@@ -50,15 +63,6 @@ def _health_router(ctx: HubContext) -> APIRouter:
         with ctx.transaction() as session:
             session.execute(text("SELECT 1"))
         return {"status": "ok", "time": ctx.clock.now()}
-
-    @router.get("/metrics", include_in_schema=False)
-    def prometheus_metrics() -> Response:
-        def rows() -> list[dict[str, Any]]:
-            with ctx.transaction() as session:
-                return registry.instance_gauges(session, ctx.clock.now(), ctx.policy)
-
-        body, content_type = metrics.render(rows)
-        return Response(body, media_type=content_type)
 
     return router
 
@@ -86,6 +90,21 @@ def _agent_router(ctx: HubContext) -> APIRouter:
     def deregister(body: DeregisterRequest) -> dict[str, str]:
         ctx.write(lambda s: registry.deregister(s, body, ctx.clock.now()))
         return {"instance_id": body.instance_id, "status": InstanceStatus.DEREGISTERED.value}
+
+    return router
+
+
+def _metrics_router(ctx: HubContext) -> APIRouter:
+    router = APIRouter(tags=["admin"])
+
+    @router.get("/metrics", include_in_schema=False)
+    def prometheus_metrics() -> Response:
+        def rows() -> list[dict[str, Any]]:
+            with ctx.transaction() as session:
+                return registry.instance_gauges(session, ctx.clock.now(), ctx.policy)
+
+        body, content_type = metrics.render(rows)
+        return Response(body, media_type=content_type)
 
     return router
 

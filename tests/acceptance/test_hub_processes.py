@@ -206,3 +206,34 @@ def test_api_refuses_an_unmigrated_database(tmp_path: Path) -> None:
     finally:
         api.stop()
     assert time.monotonic() - started < 30
+
+
+def test_admin_port_serves_the_admin_api_apart(tmp_path: Path) -> None:
+    port, admin = free_port(), free_port()
+    env = hub_env(f"sqlite:///{tmp_path}/reach.db", tmp_path, REACH_SERVER__ADMIN_PORT=str(admin))
+    subprocess.run(
+        [sys.executable, "-m", "reach", "db", "upgrade"],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    api = HubProcess(["api", "--port", str(port)], env, tmp_path / "api.log")
+    public, internal = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}"
+    try:
+        wait_http_ok(public + "/healthz", api)
+        wait_http_ok(internal + "/healthz", api)
+        body = {"agent_id": "a1", "addr": "10.0.0.1:7000"}
+        assert (
+            requests.post(f"{public}/v1/agents/register", json=body, timeout=5).status_code == 201
+        )
+        assert (
+            requests.post(f"{internal}/v1/agents/register", json=body, timeout=5).status_code == 404
+        )
+        assert requests.get(f"{public}/api/v1/agents", timeout=5).status_code == 404
+        assert requests.get(f"{public}/metrics", timeout=5).status_code == 404
+        agents = requests.get(f"{internal}/api/v1/agents", timeout=5).json()["agents"]
+        assert [a["agent_id"] for a in agents] == ["a1"]
+        assert "agentreach_reach_score" in requests.get(f"{internal}/metrics", timeout=5).text
+    finally:
+        assert api.stop() == 0  # one SIGTERM stops both listeners cleanly

@@ -7,15 +7,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
 
-from tests.conftest import REPO, HubProcess, free_port, hub_env, wait_http_ok, wait_until
+import reach
+from tests.conftest import REPO, AgentProcess, Stack, free_port, wait_until
 from tests.support.listeners import slow_listeners
 
 FAST_PROBES = {
@@ -26,43 +25,7 @@ FAST_PROBES = {
 }
 
 
-@dataclass
-class Stack:
-    url: str
-    procs: list[HubProcess]
-
-    def instance(self, agent_id: str) -> dict[str, Any] | None:
-        agents = requests.get(f"{self.url}/api/v1/agents", timeout=5).json()["agents"]
-        for agent in agents:
-            if agent["agent_id"] == agent_id and agent["instances"]:
-                return dict(agent["instances"][0])
-        return None
-
-    def metrics(self) -> str:
-        return requests.get(f"{self.url}/metrics", timeout=5).text
-
-
-@pytest.fixture
-def stack(store_url: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stack]:
-    extra = dict(FAST_PROBES)
-    if "postgres" in store_url:
-        redis_url: str = request.getfixturevalue("redis_db")
-        extra.update(REACH_BROKER_URL=redis_url, REACH_RESULT_BACKEND=redis_url)
-    extra.update(getattr(request, "param", {}))
-    env = hub_env(store_url, tmp_path, **extra)
-    port = free_port()
-    procs = [
-        HubProcess(["api", "--port", str(port)], env, tmp_path / "api.log"),
-        HubProcess(["worker", "--concurrency", "2"], env, tmp_path / "worker.log"),
-        HubProcess(["beat"], env, tmp_path / "beat.log"),
-    ]
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http_ok(url + "/healthz", procs[0])
-        yield Stack(url, procs)
-    finally:
-        for p in procs:
-            p.stop()
+pytestmark = pytest.mark.parametrize("stack", [FAST_PROBES], indirect=True)
 
 
 def test_live_sdk_agent_scores_above_95(stack: Stack) -> None:
@@ -154,8 +117,10 @@ def test_heartbeat_lost_while_port_answers_alerts_without_going_offline(stack: S
         agent.wait()
 
 
-@pytest.mark.parametrize("stack", [{"REACH_PROBE__MAX_CONCURRENT": "8"}], indirect=True)
-def test_fifty_agents_never_exceed_the_probe_pool(stack: Stack) -> None:
+def test_fifty_agents_never_exceed_the_probe_pool_and_delivery_flows(
+    stack: Stack, tmp_path: Path
+) -> None:
+    worker = AgentProcess(stack.url, tmp_path / "deliveries.log")
     with slow_listeners(50, delay=0.4) as (listeners, gauge):
         for n, listener in enumerate(listeners):
             body = {
@@ -171,6 +136,20 @@ def test_fifty_agents_never_exceed_the_probe_pool(stack: Stack) -> None:
             agents = requests.get(f"{stack.url}/api/v1/agents", timeout=5).json()["agents"]
             return all(a["instances"][0]["last_probe_at"] for a in agents)
 
+        # delivery traffic while the probe pool is saturated: all of it goes through, promptly
+        try:
+            wait_until(lambda: stack.instance("recorder"), timeout=30, what="delivery agent")
+            latencies = []
+            for n in range(20):
+                started = time.monotonic()
+                sub = reach.send(
+                    agent_id="recorder", method="work.do", payload={"n": n}, hub=stack.url
+                )
+                reach.wait_for_result(sub.task_id, timeout=30, hub=stack.url)
+                latencies.append(time.monotonic() - started)
+            assert max(latencies) < 5.0, latencies
+        finally:
+            worker.stop()
         wait_until(probed_everyone, timeout=60, interval=0.5, what="all 50 probed")
         time.sleep(2)
         assert gauge.total >= 50
@@ -178,5 +157,5 @@ def test_fifty_agents_never_exceed_the_probe_pool(stack: Stack) -> None:
         skipped = re.search(r"agentreach_probe_skipped_total (\d+)", stack.metrics())
         assert skipped and int(float(skipped.group(1))) > 0
         # meanwhile the default queue kept its cadence: probes run on their own threads
-        worker_log = stack.procs[1].output()
+        worker_log = stack.worker.output()
         assert worker_log.count("reach.reachability_sweep") >= 4
