@@ -6,6 +6,7 @@ are cloned per test from a migrated template (cheap and isolated).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -13,6 +14,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -60,12 +62,14 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A migrated, empty database of each kind."""
-    if request.param == "sqlite":
+STORES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+@contextmanager
+def _fresh_store(kind: str, directory: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    if kind == "sqlite":
         template: Path = request.getfixturevalue("sqlite_template")
-        path = tmp_path / "reach.db"
+        path = directory / "reach.db"
         path.write_bytes(template.read_bytes())
         yield f"sqlite:///{path}"
         return
@@ -76,6 +80,22 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         yield PG_URL_TEMPLATE.format(db=name)
     finally:
         _pg(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(params=STORES)
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A migrated, empty database of each kind."""
+    with _fresh_store(request.param, tmp_path, request) as url:
+        yield url
+
+
+@pytest.fixture(scope="module", params=STORES)
+def shared_store_url(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """One database of each kind for a whole test module (see ``shared_stack``)."""
+    with _fresh_store(request.param, tmp_path_factory.mktemp("store"), request) as url:
+        yield url
 
 
 @pytest.fixture
@@ -98,17 +118,31 @@ def snapshot(engine: Engine) -> dict[str, list[tuple[Any, ...]]]:
     return out
 
 
+def _own_redis_url() -> str:
+    # one database number per pytest-xdist worker (gw0 -> 14, gw1 -> 13, ...)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return f"{REDIS_URL}/{14 - int(worker.removeprefix('gw') or 0)}"
+
+
+@contextmanager
+def _flushed_redis() -> Iterator[str]:
+    import redis
+
+    url = _own_redis_url()
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    try:
+        yield url
+    finally:
+        client.flushdb()
+        client.close()
+
+
 @pytest.fixture
 def redis_db() -> Iterator[str]:
     """A Redis database number of our own, flushed before and after."""
-    import redis
-
-    url = f"{REDIS_URL}/{14}"
-    client = redis.Redis.from_url(url)
-    client.flushdb()
-    yield url
-    client.flushdb()
-    client.close()
+    with _flushed_redis() as url:
+        yield url
 
 
 class HubProcess:
@@ -225,8 +259,10 @@ class Stack:
         return None
 
     def instances(self, agent_id: str) -> list[dict[str, Any]]:
+        """Registered instances of the agent (deregistered ones left out)."""
         r = requests.get(f"{self.url}/api/v1/agents/{agent_id}", timeout=5)
-        return list(r.json().get("instances", [])) if r.ok else []
+        found = r.json().get("instances", []) if r.ok else []
+        return [i for i in found if i["status"] != "deregistered"]
 
     def metrics(self) -> str:
         return str(requests.get(f"{self.url}/metrics", timeout=5).text)
@@ -291,6 +327,28 @@ def stack(store_url: str, request: pytest.FixtureRequest, tmp_path: Path) -> Ite
         yield s
     finally:
         stop_stack(s)
+
+
+@pytest.fixture(scope="module")
+def shared_stack(
+    shared_store_url: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    """One hub (api, worker, beat) for every test of a module, per store: processes start
+    once instead of per test. Settings come from the module's ``STACK_SETTINGS``."""
+    extra: dict[str, str] = {
+        "REACH_PROBE__INTERVAL": "0.5",
+        "REACH_PROBE__FAST_INTERVAL": "0.5",
+        "REACH_HEARTBEAT__SWEEP_INTERVAL": "0.5",
+    }
+    extra.update(getattr(request.module, "STACK_SETTINGS", {}))
+    home = tmp_path_factory.mktemp("hub")
+    with contextlib.ExitStack() as cleanup:
+        if "postgres" in shared_store_url:
+            redis_url = cleanup.enter_context(_flushed_redis())
+            extra.update(REACH_BROKER_URL=redis_url, REACH_RESULT_BACKEND=redis_url)
+        s = start_stack(shared_store_url, home, extra)
+        cleanup.callback(stop_stack, s)
+        yield s
 
 
 class AgentProcess:

@@ -17,12 +17,19 @@ import reach
 from reach.retry import RetryPolicy, delay_bounds
 from tests.conftest import AgentProcess, Stack, hub_env, wait_until
 
-FAST_RETRIES = {
+STACK_SETTINGS = {
     "REACH_ROUTER__BACKOFF_BASE": "0.2",
     "REACH_ROUTER__BACKOFF_CAP": "5",
     "REACH_ROUTER__CONNECT_TIMEOUT": "0.5",
     "REACH_ROUTER__READ_TIMEOUT": "3",
+    "REACH_ROUTER__WATCHDOG_GRACE": "1",
 }
+
+
+@pytest.fixture
+def stack(shared_stack: Stack) -> Stack:
+    """Every test here shares one hub per store (fast retries, a 1 s watchdog grace)."""
+    return shared_stack
 
 
 def online(stack: Stack, agent_id: str, count: int = 1) -> None:
@@ -133,7 +140,6 @@ def test_business_error_is_reported_after_exactly_one_attempt(stack: Stack, tmp_
         agent.stop()
 
 
-@pytest.mark.parametrize("stack", [FAST_RETRIES], indirect=True)
 def test_agent_down_then_back_within_the_retry_window_is_delivered(
     stack: Stack, tmp_path: Path
 ) -> None:
@@ -152,7 +158,6 @@ def test_agent_down_then_back_within_the_retry_window_is_delivered(
         agent.stop()
 
 
-@pytest.mark.parametrize("stack", [FAST_RETRIES], indirect=True)
 def test_agent_down_for_good_is_dead_lettered_after_exactly_max_retry(
     stack: Stack, tmp_path: Path
 ) -> None:
@@ -175,7 +180,8 @@ def test_agent_down_for_good_is_dead_lettered_after_exactly_max_retry(
     for event, failed_again_at in zip(retries, failures[1:], strict=True):
         waited = failed_again_at - event["at"]
         assert event["detail"]["delay_s"] - 0.05 <= waited <= event["detail"]["delay_s"] + 3.0
-    assert re.search(r"agentreach_router_dead_letter_total [1-9]", stack.metrics())
+    dead_total = re.search(r"agentreach_router_dead_letter_total ([0-9.]+)", stack.metrics())
+    assert dead_total and float(dead_total.group(1)) >= 1
 
     # the operator sees it and replays it once the agent is back
     dead = requests.get(f"{stack.url}/api/v1/dead-letters", timeout=5).json()["dead_letters"]
@@ -200,9 +206,6 @@ def test_agent_down_for_good_is_dead_lettered_after_exactly_max_retry(
     assert again.status_code == 409
 
 
-@pytest.mark.parametrize(
-    "stack", [{**FAST_RETRIES, "REACH_ROUTER__WATCHDOG_GRACE": "1"}], indirect=True
-)
 def test_agent_that_accepts_then_dies_is_caught_by_the_watchdog(
     stack: Stack, tmp_path: Path
 ) -> None:
@@ -311,9 +314,10 @@ def test_send_from_inside_a_handler_carries_the_trace(stack: Stack, tmp_path: Pa
             "path": ["front"],
         }
         assert stack.task(sub.task_id)["trace"]["hops"] == 0
-        assert re.search(
-            r'agentreach_router_delivery_total\{outcome="success"\} [2-9]', stack.metrics()
+        delivered = re.search(
+            r'agentreach_router_delivery_total\{outcome="success"\} ([0-9.]+)', stack.metrics()
         )
+        assert delivered and float(delivered.group(1)) >= 2
     finally:
         front.stop()
         back.stop()

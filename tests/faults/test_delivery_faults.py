@@ -20,11 +20,17 @@ from sqlalchemy import func, select
 import reach
 from reach.storage import create_engine_for, session_factory
 from reach.storage.models import TaskRow
-from tests.conftest import AgentProcess, Stack, start_stack, stop_stack, wait_until
+from tests.conftest import (
+    AgentProcess,
+    Stack,
+    free_port,
+    start_stack,
+    stop_stack,
+    wait_until,
+)
 
 pytestmark = [
     pytest.mark.postgres,
-    pytest.mark.redis,
     pytest.mark.parametrize("store_url", ["postgres"], indirect=True),
 ]
 
@@ -37,29 +43,73 @@ FAULT_SETTINGS = {
     "REACH_PROBE__INTERVAL": "1",
     "REACH_HEARTBEAT__SWEEP_INTERVAL": "1",
 }
-REDIS_START = [
-    "redis-server",
-    "--daemonize",
-    "yes",
-    "--bind",
-    "127.0.0.1",
-    "-::1",
-    "--port",
-    "6379",
-    "--save",
-    "",
-    "--appendonly",
-    "no",
-    "--dir",
-    "/var/lib/redis",
-    "--logfile",
-    "/var/log/redis/ci.log",
-]
+
+
+class PrivateRedis:
+    """A redis-server of this test's own (a free port, nothing on disk) that it may restart
+    without disturbing anything else on the machine."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port = free_port()
+        self.workdir = workdir
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        subprocess.run(
+            [
+                "redis-server",
+                "--daemonize",
+                "yes",
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+                "--logfile",
+                str(self.workdir / "redis.log"),
+            ],
+            check=True,
+            timeout=10,
+        )
+        wait_until(self.ping, timeout=10, what="private redis up")
+
+    def ping(self) -> bool:
+        r = subprocess.run(
+            ["redis-cli", "-p", str(self.port), "ping"], capture_output=True, text=True, timeout=5
+        )
+        return "PONG" in r.stdout
+
+    def stop(self) -> None:
+        subprocess.run(
+            ["redis-cli", "-p", str(self.port), "shutdown", "nosave"],
+            capture_output=True,
+            timeout=10,
+        )
 
 
 @pytest.fixture
-def pg_stack(store_url: str, redis_db: str, tmp_path: Path) -> Iterator[tuple[Stack, str]]:
-    redis_url = redis_db
+def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    redis = PrivateRedis(tmp_path)
+    redis.start()
+    try:
+        yield redis
+    finally:
+        redis.stop()
+
+
+@pytest.fixture
+def pg_stack(
+    store_url: str, private_redis: PrivateRedis, tmp_path: Path
+) -> Iterator[tuple[Stack, str]]:
+    redis_url = private_redis.url
     extra = {**FAULT_SETTINGS, "REACH_BROKER_URL": redis_url, "REACH_RESULT_BACKEND": redis_url}
     stack = start_stack(store_url, tmp_path, extra)
     try:
@@ -160,7 +210,7 @@ def test_worker_killed_mid_flight_loses_nothing(
 
 
 def test_redis_restart_during_a_run_loses_nothing(
-    pg_stack: tuple[Stack, str], tmp_path: Path
+    pg_stack: tuple[Stack, str], private_redis: PrivateRedis, tmp_path: Path
 ) -> None:
     stack, store_url = pg_stack
     agent = AgentProcess(stack.url, tmp_path / "side-effects.log", delay=0.01)
@@ -170,20 +220,13 @@ def test_redis_restart_during_a_run_loses_nothing(
         submitter = threading.Thread(target=submit_all, args=(stack, ids, 0.02))
         submitter.start()
         wait_until(lambda: len(agent.executions()) >= 30, timeout=60, what="work under way")
-        # Redis on this machine keeps nothing on disk: every queued message is lost.
-        subprocess.run(["redis-cli", "-p", "6379", "shutdown", "nosave"], timeout=10)
+        # Redis keeps nothing on disk here: every queued message is lost in the restart.
+        private_redis.stop()
         time.sleep(2.0)
-        subprocess.run(REDIS_START, check=True, timeout=10)
+        private_redis.start()
         submitter.join(120)
         assert_exactly_once(store_url, agent, ids)
         # queued messages died with Redis; the recovery scan republished them
         assert recovery_events(store_url)["republished"] >= 1
     finally:
         agent.stop()
-        _ensure_redis()
-
-
-def _ensure_redis() -> None:
-    ping = subprocess.run(["redis-cli", "-p", "6379", "ping"], capture_output=True, text=True)
-    if "PONG" not in ping.stdout:
-        subprocess.run(REDIS_START, check=False, timeout=10)
