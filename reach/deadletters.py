@@ -7,9 +7,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from reach.delivery import Publish, load_for_update, record_event
+from reach.delivery import Publish, add_attempt, load_for_update, record_event
 from reach.errors import TaskConflict, UnknownTask
-from reach.storage.models import DeadLetterRow, OutboxRow
+from reach.storage.models import DeadLetterRow
 
 
 def view(row: DeadLetterRow) -> dict[str, Any]:
@@ -62,15 +62,6 @@ def replay(session: Session, dead_id: int, now: float) -> Publish:
     task.finished_at = None
     task.next_attempt_at = now
     task.updated_at = now
-    session.add(
-        OutboxRow(
-            task_id=task.task_id,
-            agent_id=task.agent_id or "-",
-            attempt_seq=task.attempt_seq,
-            message={"task_id": task.task_id, "attempt_seq": task.attempt_seq},
-            created_at=now,
-            available_at=now,
-        )
-    )
+    add_attempt(session, task, now, available_at=now)
     record_event(session, task, "replayed", now, {"dead_letter_id": dead_id})
     return Publish(task.task_id, task.attempt_seq, 0.0)

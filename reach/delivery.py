@@ -321,16 +321,7 @@ def schedule_retry(
     task.lease_until = None
     task.next_attempt_at = now + delay
     task.updated_at = now
-    session.add(
-        OutboxRow(
-            task_id=task.task_id,
-            agent_id=task.agent_id or "-",
-            attempt_seq=task.attempt_seq,
-            message={"task_id": task.task_id, "attempt_seq": task.attempt_seq},
-            created_at=now,
-            available_at=now + delay,
-        )
-    )
+    add_attempt(session, task, now, available_at=now + delay)
     record_event(
         session, task, "retry", now, {"reason": reason, "delay_s": round(delay, 3), **detail}
     )
@@ -387,6 +378,20 @@ def dead_letter(
     record_event(session, task, "dead_letter", now, {"reason": reason})
     metrics.DEAD_LETTER_TOTAL.inc()
     log.error("ALERT dead-lettered task %s (%s): %s", task.task_id, reason, error.get("message"))
+
+
+def add_attempt(session: Session, task: TaskRow, now: float, available_at: float) -> None:
+    """The outbox row of the task's current attempt, committed with the state change."""
+    session.add(
+        OutboxRow(
+            task_id=task.task_id,
+            agent_id=task.agent_id or "-",
+            attempt_seq=task.attempt_seq,
+            message={"task_id": task.task_id, "attempt_seq": task.attempt_seq},
+            created_at=now,
+            available_at=available_at,
+        )
+    )
 
 
 def mark_published(session: Session, task_id: str, attempt_seq: int, now: float) -> None:

@@ -1,0 +1,95 @@
+"""Demo agent: a region's monthly sales (deterministic fake figures) — run by `reach up`.
+
+python examples/sales_agent.py --port 7103 [--hub http://127.0.0.1:8800]
+
+The first node of dags/sales_analysis_flow.json and dags/diamond_review.json. The figures
+are computed from the region's name, so every run shows the same numbers. A region the
+schema does not list ("nowhere") is refused by the hub before it is queued; "south" is a
+known region without data and answers business error 404, so a DAG run can show the
+failure path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import zlib
+
+import reach
+
+REGIONS = ["east", "west", "north", "south"]
+MONTHS = ("2024-01", "2024-02", "2024-03", "2024-04", "2024-05", "2024-06")
+
+
+def sales_rows(region: str) -> list[dict[str, object]]:
+    """Six months of revenue, the same for the same region on every run and machine."""
+    seed = zlib.crc32(region.encode())
+    base = 10_000 + seed % 40_000
+    growth = seed % 11 - 5  # -5 … +5 percent a month
+    return [
+        {"month": month, "revenue": base * (100 + growth * i) // 100}
+        for i, month in enumerate(MONTHS)
+    ]
+
+
+def build_agent(port: int, hub: str | None, heartbeat_interval: float) -> reach.Agent:
+    agent = reach.Agent(
+        agent_id="sales-agent-01",
+        tags=["demo", "sales"],
+        addr=f"127.0.0.1:{port}",
+        allow_loopback=True,  # the demo hub runs on this machine
+        capabilities=[
+            {
+                "type": "sales.fetch",
+                "description": "Monthly revenue rows and their total for one region.",
+                "params_schema": {
+                    "type": "object",
+                    "properties": {"region": {"type": "string", "enum": REGIONS}},
+                    "required": ["region"],
+                    "additionalProperties": False,
+                },
+                "return_schema": {
+                    "type": "object",
+                    "properties": {
+                        "rows": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "properties": {
+                                    "month": {"type": "string"},
+                                    "revenue": {"type": "number"},
+                                },
+                                "required": ["month", "revenue"],
+                            },
+                        },
+                        "total": {"type": "number"},
+                    },
+                    "required": ["rows", "total"],
+                },
+                "estimated_latency": 20,
+            }
+        ],
+        max_concurrency=8,
+        heartbeat_interval=heartbeat_interval,
+        hub=hub,
+    )
+
+    @agent.route("sales.fetch")
+    def fetch(task_id: str, payload: dict) -> dict:
+        region = str(payload["region"])
+        if region == "south":
+            raise reach.BusinessError(404, "no sales data for south")
+        rows = sales_rows(region)
+        return {"region": region, "rows": rows, "total": sum(int(r["revenue"]) for r in rows)}
+
+    return agent
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--port", type=int, default=7103)
+    parser.add_argument("--hub", default=None)
+    parser.add_argument("--heartbeat-interval", type=float, default=5.0)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO)
+    build_agent(args.port, args.hub, args.heartbeat_interval).serve()
