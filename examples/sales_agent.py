@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import zlib
+from typing import Any
 
 import reach
 
@@ -21,15 +22,15 @@ REGIONS = ["east", "west", "north", "south"]
 MONTHS = ("2024-01", "2024-02", "2024-03", "2024-04", "2024-05", "2024-06")
 
 
-def sales_rows(region: str) -> list[dict[str, object]]:
-    """Six months of revenue, the same for the same region on every run and machine."""
+def sales_figures(region: str) -> dict[str, Any]:
+    """Six months of revenue and their total, the same for a region on every run and machine
+    (crc32, unlike ``hash()``, is not salted per process)."""
     seed = zlib.crc32(region.encode())
     base = 10_000 + seed % 40_000
     growth = seed % 11 - 5  # -5 … +5 percent a month
-    return [
-        {"month": month, "revenue": base * (100 + growth * i) // 100}
-        for i, month in enumerate(MONTHS)
-    ]
+    revenues = [base * (100 + growth * i) // 100 for i in range(len(MONTHS))]
+    rows = [{"month": m, "revenue": r} for m, r in zip(MONTHS, revenues, strict=True)]
+    return {"rows": rows, "total": sum(revenues)}
 
 
 def build_agent(port: int, hub: str | None, heartbeat_interval: float) -> reach.Agent:
@@ -79,8 +80,7 @@ def build_agent(port: int, hub: str | None, heartbeat_interval: float) -> reach.
         region = str(payload["region"])
         if region == "south":
             raise reach.BusinessError(404, "no sales data for south")
-        rows = sales_rows(region)
-        return {"region": region, "rows": rows, "total": sum(int(r["revenue"]) for r in rows)}
+        return sales_figures(region)
 
     return agent
 
