@@ -22,7 +22,15 @@ from reach.settings import Settings
 from reach.storage import upgrade_database
 
 console = Console()
-DEMO_AGENTS = ("doc_analyzer.py", "summarizer.py")
+# Started in this order on consecutive ports from --demo-port (7101 …); the last three
+# serve the capabilities the shipped DAGs in dags/ use.
+DEMO_AGENTS = (
+    "doc_analyzer.py",
+    "summarizer.py",
+    "sales_agent.py",
+    "knowledge_agent.py",
+    "chat_agent.py",
+)
 
 
 @dataclass

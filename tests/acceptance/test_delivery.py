@@ -239,7 +239,17 @@ def test_late_results_first_wins_and_duplicates_are_recorded(stack: Stack, tmp_p
         }
         assert reach.report_result(sub.task_id, {"other": True}, hub=stack.url) is False
         assert stack.task(sub.task_id)["result"] == {"late": {"v": 1}}
-        assert "duplicate_result" in kinds(stack, sub.task_id)
+        events = stack.events(sub.task_id)
+        assert [e["kind"] for e in events] == [
+            "accepted",
+            "dispatched",
+            "ack",
+            "progress",
+            "terminal_success",
+            "duplicate_result",
+        ]
+        progress = next(e for e in events if e["kind"] == "progress")
+        assert progress["detail"] == {"progress": 0.5, "message": "halfway"}
     finally:
         agent.stop()
 

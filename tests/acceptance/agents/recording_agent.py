@@ -67,7 +67,12 @@ def work(task_id: str, payload: dict) -> object:
         inner = reach.wait_for_result(sub.task_id, timeout=30)
         return {"forwarded": inner.data, "inner_task_id": sub.task_id}
     if args.mode == "accept-report":
-        threading.Timer(0.3, lambda: agent.report_result(task_id, {"late": payload})).start()
+
+        def later() -> None:
+            agent.report_progress(task_id, 0.5, "halfway")
+            agent.report_result(task_id, {"late": payload})
+
+        threading.Timer(0.3, later).start()
         return reach.ACCEPTED
     return {"echo": payload, "pid": os.getpid()}
 
