@@ -20,10 +20,10 @@ TONES = ["concise", "detailed", "escalation"]
 
 def compose(payload: dict[str, Any]) -> str:
     region, tone = str(payload["region"]), str(payload["tone"])
-    error = payload.get("error")
-    if error is not None or tone == "escalation":
-        detail = str((error or {}).get("message") or "no details")
-        if (error or {}).get("code") is not None:
+    if "error" in payload or tone == "escalation":
+        error: dict[str, Any] = payload.get("error") or {}
+        detail = str(error.get("message") or "no details")
+        if error.get("code") is not None:
             detail += f", code {error['code']}"
         return f"Needs a human: the analysis of {region} did not complete ({detail})."
     if "total" in payload:

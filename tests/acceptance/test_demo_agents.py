@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import IO
 
 import pytest
-import requests
 
 import reach
-from tests.conftest import REPO, HubProcess, Stack, free_port, hub_env, wait_http_ok, wait_until
+from tests.conftest import REPO, Stack, free_port, wait_until
 
 DEMO_AGENTS = {
     "sales-agent-01": "sales_agent.py",
@@ -79,8 +78,8 @@ def demo_agents(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        for out in outs:
-            out.close()
+        for log in outs:
+            log.close()
 
 
 def run(stack: Stack, method: str, payload: dict[str, object]) -> reach.TaskResult:
@@ -163,32 +162,3 @@ def test_chat_compose(stack: Stack, demo_agents: dict[str, Path]) -> None:
         reach.send(
             capability="chat.compose", method="chat.compose", payload={"region": "x"}, hub=stack.url
         )
-
-
-def test_reach_up_starts_every_demo_agent(tmp_path: Path) -> None:
-    """`reach up` starts all five demo agents on consecutive ports from --demo-port."""
-    port = free_port()
-    env = hub_env(f"sqlite:///{tmp_path}/reach.db", tmp_path)
-    env.pop("REACH_DATABASE_URL")  # the embedded default under REACH_HOME
-    up = HubProcess(
-        ["up", "--port", str(port), "--demo-port", str(free_port())], env, tmp_path / "up.log"
-    )
-    hub = f"http://127.0.0.1:{port}"
-    expected = {"doc-analyzer-01", "summarizer-01", *DEMO_AGENTS}
-    try:
-        wait_http_ok(hub + "/healthz", up, timeout=60)
-
-        def demo_online() -> set[str]:
-            if up.proc.poll() is not None:
-                raise AssertionError(f"reach up exited early:\n{up.output()}")
-            agents = requests.get(f"{hub}/api/v1/agents", timeout=5).json()["agents"]
-            return {a["agent_id"] for a in agents if a["status"] == "online"}
-
-        assert wait_until(
-            lambda: demo_online() >= expected, timeout=30, what="all five demo agents online"
-        )
-    finally:
-        up.proc.send_signal(signal.SIGINT)
-        code = up.proc.wait(timeout=60)
-        up.stop()
-    assert code == 0, up.output()

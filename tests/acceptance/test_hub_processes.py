@@ -142,7 +142,16 @@ def test_reach_up_runs_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
             return {a["agent_id"] for a in agents if a["status"] == "online"}
 
         assert wait_until(
-            lambda: demo_online() >= {"doc-analyzer-01", "summarizer-01"},
+            lambda: (
+                demo_online()
+                >= {
+                    "doc-analyzer-01",
+                    "summarizer-01",
+                    "sales-agent-01",
+                    "knowledge-agent-01",
+                    "chat-agent-01",
+                }
+            ),
             timeout=30,
             what="both demo agents online",
         )
