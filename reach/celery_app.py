@@ -12,7 +12,13 @@ from celery import Celery
 
 from reach.settings import Settings
 
-TASK_MODULES = ["tasks.maintenance", "tasks.probing", "tasks.delivery", "tasks.outbox"]
+TASK_MODULES = [
+    "tasks.maintenance",
+    "tasks.probing",
+    "tasks.delivery",
+    "tasks.outbox",
+    "tasks.dags",
+]
 QUEUES = ("reach", "reach.probe")
 EMBEDDED_TRANSPORT = "reach.embedded_broker:Transport"
 

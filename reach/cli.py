@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -366,6 +367,95 @@ def dlq_replay(dead_id: int, hub: HubOption = None) -> None:
         print(json.dumps(HubClient(hub).post(f"/api/v1/dead-letters/{dead_id}/replay", {})))
     except ReachError as exc:
         _fail(exc)
+
+
+dag_app = typer.Typer(help="DAG runs.", no_args_is_help=True)
+app.add_typer(dag_app, name="dag")
+NODE_STYLE = {
+    "success": "green",
+    "failed": "red",
+    "timeout": "red",
+    "skipped": "bright_black",
+    "running": "yellow",
+    "pending": "white",
+}
+
+
+def _dag_table(run: dict[str, Any]) -> Table:
+    table = Table(
+        title=f"{run['name']}  {run['run_id']}  [bold]{run['status']}[/bold]",
+        caption=run.get("reason") or None,
+    )
+    for column in ("node", "status", "task", "reason"):
+        table.add_column(column)
+    for node in run["nodes"]:
+        style = NODE_STYLE.get(node["status"], "white")
+        table.add_row(
+            node["node_id"],
+            f"[{style}]{node['status']}[/{style}]",
+            node["task_id"] or "-",
+            (node["reason"] or "")[:80],
+        )
+    return table
+
+
+@dag_app.command("run")
+def dag_run(
+    path: Annotated[Path, typer.Argument(help="DAG file (JSON or YAML)", exists=True)],
+    input_json: Annotated[str, typer.Option("--input", help="Run input, a JSON object")] = "{}",
+    wait: Annotated[float, typer.Option(help="Seconds to follow the run (0: don't)")] = 120.0,
+    hub: HubOption = None,
+) -> None:
+    """Start a DAG run and follow its progress live."""
+    import time
+
+    from rich.live import Live
+
+    from reach.dags import dag_format, load_dag
+    from reach.hub_client import HubClient
+
+    try:
+        run_input = json.loads(input_json)
+        spec = load_dag(path.read_text(), dag_format(path.name))
+    except ValueError as exc:
+        err_console.print(f"[red]bad input:[/red] {exc}")
+        raise typer.Exit(2) from None
+    except ReachError as exc:
+        _fail(exc)
+    client = HubClient(hub)
+    try:
+        run = client.post(
+            "/api/v1/dag-runs", {"dag": spec.model_dump(mode="json"), "input": run_input}
+        )
+        deadline = time.monotonic() + wait
+        with Live(_dag_table(run), console=console, refresh_per_second=4) as live:
+            while run["status"] == "running" and time.monotonic() < deadline:
+                time.sleep(0.25)
+                run = client.get(f"/api/v1/dag-runs/{run['run_id']}")
+                live.update(_dag_table(run))
+    except ReachError as exc:
+        _fail(exc)
+    finally:
+        client.close()
+    if run["status"] == "failed":
+        raise typer.Exit(1)
+
+
+@dag_app.command("show")
+def dag_show(
+    run_id: str, as_json: Annotated[bool, typer.Option("--json")] = False, hub: HubOption = None
+) -> None:
+    """Show a DAG run and its nodes."""
+    from reach.hub_client import HubClient
+
+    try:
+        run = HubClient(hub).get(f"/api/v1/dag-runs/{run_id}")
+    except ReachError as exc:
+        _fail(exc)
+    if as_json:
+        print(json.dumps(run, indent=2))
+    else:
+        console.print(_dag_table(run))
 
 
 @db_app.command("upgrade")

@@ -11,6 +11,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from reach import metrics, monitoring, registry
+from reach.api.dagruns import dag_router
 from reach.api.problems import BodyLimitMiddleware, install_problem_handlers
 from reach.api.tasks import dead_letter_router, task_router
 from reach.context import HubContext
@@ -52,6 +53,7 @@ def create_app(ctx: HubContext, surface: Surface = Surface.ALL) -> FastAPI:
         app.include_router(_admin_router(ctx))
         app.include_router(_metrics_router(ctx))
         app.include_router(dead_letter_router(ctx))
+        app.include_router(dag_router(ctx))
     return app
 
 

@@ -182,3 +182,34 @@ class DeadLetterRow(Base):
     created_at: Mapped[float] = mapped_column(Double)
     replayed_at: Mapped[float | None] = mapped_column(Double, nullable=True)
     target: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict, server_default="{}")
+
+
+class DagRunRow(Base):
+    __tablename__ = "dag_runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(String(128), unique=True)
+    name: Mapped[str] = mapped_column(String(128))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    input: Mapped[dict[str, Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[float] = mapped_column(Double)
+    updated_at: Mapped[float] = mapped_column(Double)
+    finished_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+
+
+class DagNodeRunRow(Base):
+    __tablename__ = "dag_node_runs"
+    __table_args__ = (UniqueConstraint("run_id", "node_id", name="uq_dag_node_run"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(String(128))
+    node_id: Mapped[str] = mapped_column(String(128))
+    status: Mapped[str] = mapped_column(String(16))
+    task_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    data: Mapped[Any] = mapped_column(JSON, nullable=True)
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    started_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Double, nullable=True)

@@ -3,6 +3,7 @@ chat_agent.py) as real processes behind a real hub, and `reach up` starting all 
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import IO
 
 import pytest
+import requests
 
 import reach
 from tests.conftest import REPO, Stack, free_port, wait_until
@@ -162,3 +164,114 @@ def test_chat_compose(stack: Stack, demo_agents: dict[str, Path]) -> None:
         reach.send(
             capability="chat.compose", method="chat.compose", payload={"region": "x"}, hub=stack.url
         )
+
+
+# -- the shipped sales DAG, run on the canvas through the real hub ---------------------------
+
+
+def start_dag(stack: Stack, name: str, run_input: dict[str, object]) -> dict[str, object]:
+    import json
+
+    spec = json.loads((REPO / "dags" / f"{name}.json").read_text())
+    r = requests.post(
+        f"{stack.url}/api/v1/dag-runs", json={"dag": spec, "input": run_input}, timeout=10
+    )
+    assert r.status_code == 201, r.text
+    run_id = r.json()["run_id"]
+    return dict(
+        wait_until(
+            lambda: (
+                (v := requests.get(f"{stack.url}/api/v1/dag-runs/{run_id}", timeout=5).json())
+                and v["status"] != "running"
+                and v
+            ),
+            timeout=60,
+            interval=0.25,
+            what=f"DAG run {run_id} to finish",
+        )
+    )
+
+
+def test_sales_flow_runs_end_to_end_across_three_agents(
+    stack: Stack, demo_agents: dict[str, Path]
+) -> None:
+    run = start_dag(stack, "sales_analysis_flow", {"region": "east"})
+    nodes = {n["node_id"]: n for n in run["nodes"]}  # type: ignore[attr-defined]
+    assert run["status"] == "success", run
+    assert [nodes[n]["status"] for n in ("fetch_sales_data", "analyze_cause", "compose_reply")] == [
+        "success"
+    ] * 3
+    assert nodes["fetch_sales_data"]["data"]["total"] > 0
+    assert "east" in nodes["compose_reply"]["data"]["reply"].lower()
+    # each node was one reach task, traced under the run
+    task = requests.get(
+        f"{stack.url}/v1/tasks/{nodes['analyze_cause']['task_id']}", timeout=5
+    ).json()
+    assert task["trace"]["root_id"] == run["run_id"]
+    assert task["status"] == "success"
+
+
+def test_failed_fetch_skips_its_dependents_and_the_run_says_why(
+    stack: Stack, demo_agents: dict[str, Path]
+) -> None:
+    run = start_dag(stack, "sales_analysis_flow", {"region": "south"})
+    nodes = {n["node_id"]: n for n in run["nodes"]}  # type: ignore[attr-defined]
+    assert run["status"] == "failed"
+    assert nodes["fetch_sales_data"]["status"] == "failed"
+    assert nodes["fetch_sales_data"]["error"]["code"] == 404
+    assert nodes["analyze_cause"]["status"] == "skipped"
+    assert "condition not met" in nodes["analyze_cause"]["reason"]
+    assert nodes["compose_reply"]["status"] == "skipped"
+    assert "fetch_sales_data" in str(run["reason"])
+
+
+def test_cli_runs_a_dag_and_shows_it(stack: Stack, demo_agents: dict[str, Path]) -> None:
+    env = {**stack.env, "COLUMNS": "200"}
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reach",
+            "dag",
+            "run",
+            "dags/sales_analysis_flow.json",
+            "--input",
+            '{"region": "north"}',
+            "--hub",
+            stack.url,
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "compose_reply" in out.stdout and "success" in out.stdout
+    run_id = next(w for w in out.stdout.split() if w.startswith("dag-"))
+    shown = subprocess.run(
+        [sys.executable, "-m", "reach", "dag", "show", run_id, "--json", "--hub", stack.url],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert json.loads(shown.stdout)["status"] == "success"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "node"),
+    [
+        (lambda d: d["nodes"][0].update(dependencies=["compose_reply"]), "fetch_sales_data"),
+        (lambda d: d["nodes"][1].update(capability="no.such.capability"), "analyze_cause"),
+    ],
+    ids=["cycle", "unknown-target"],
+)
+def test_invalid_dags_are_refused_naming_the_node(stack: Stack, mutate: object, node: str) -> None:
+    spec = json.loads((REPO / "dags" / "sales_analysis_flow.json").read_text())
+    mutate(spec)  # type: ignore[operator]
+    r = requests.post(f"{stack.url}/api/v1/dag-runs", json={"dag": spec, "input": {}}, timeout=10)
+    assert r.status_code == 422
+    assert r.json()["type"] == "urn:agent-reach:problem:dag-error"
+    assert r.json()["node"] == node

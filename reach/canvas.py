@@ -1,0 +1,24 @@
+"""DAG runs on Celery's canvas: each level of the plan is a group, consecutive groups make
+chords, and a final task closes the run. This is the one domain-side module that knows
+Celery; the plan it compiles is pure (``reach.dags.compile_plan``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import chain, group
+
+from reach.dags import Plan
+
+
+def canvas(app: Any, run_id: str, plan: Plan) -> Any:
+    """The run as a canvas (immutable signatures: nodes read state, not chord arguments)."""
+    levels = [
+        group(
+            app.signature("reach.dag_node", args=(run_id, node_id), immutable=True)
+            for node_id in level
+        )
+        for level in plan.levels
+    ]
+    return chain(*levels, app.signature("reach.dag_finish", args=(run_id,), immutable=True))

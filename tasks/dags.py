@@ -1,0 +1,39 @@
+"""DAG node and finish tasks (the canvas itself is built by ``reach.canvas``).
+
+Node tasks never hold a worker slot while an agent works: a node submits its reach task
+and, until that task is terminal, retries itself with a countdown (the slot is free in
+between), so 202-then-report agents can be slow without starving the pool.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import shared_task
+
+from reach import dagruns
+from reach.delivery import Publish
+
+POLL_SECONDS = (0.1, 0.25, 0.5, 1.0)
+
+
+@shared_task(name="reach.dag_node", bind=True, max_retries=None, acks_late=True)
+def dag_node(self: Any, run_id: str, node_id: str) -> dict[str, Any]:
+    from reach.worker_app import runtime
+
+    ctx = runtime()
+    step = ctx.write(lambda s: dagruns.advance_node(s, run_id, node_id, ctx.clock.now()))
+    if step.submitted_task is not None:
+        ctx.publish_attempts([Publish(step.submitted_task, 1, 0.0)])
+    if step.result is None:
+        delay = POLL_SECONDS[min(self.request.retries, len(POLL_SECONDS) - 1)]
+        raise self.retry(countdown=delay)
+    return step.result.model_dump(mode="json")
+
+
+@shared_task(name="reach.dag_finish", acks_late=True)
+def dag_finish(run_id: str) -> str:
+    from reach.worker_app import runtime
+
+    ctx = runtime()
+    return ctx.write(lambda s: dagruns.finish_run(s, run_id, ctx.clock.now()))
