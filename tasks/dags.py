@@ -14,7 +14,8 @@ from celery import shared_task
 from reach import dagruns
 from reach.delivery import Publish
 
-POLL_SECONDS = (0.1, 0.25, 0.5, 1.0)
+# Quick first looks for fast agents, then every 2 s for slow ones (bounded broker traffic).
+POLL_SECONDS = (0.1, 0.25, 0.5, 1.0, 2.0)
 
 
 @shared_task(name="reach.dag_node", bind=True, max_retries=None, acks_late=True)

@@ -27,6 +27,7 @@ parser.add_argument("--log", required=True)
 parser.add_argument("--max-concurrency", type=int, default=8)
 parser.add_argument("--heartbeat-interval", type=float, default=0.5)
 parser.add_argument("--forward-to", default="recorder")
+parser.add_argument("--report-after", type=float, default=0.3)
 args = parser.parse_args()
 
 agent = reach.Agent(
@@ -72,7 +73,7 @@ def work(task_id: str, payload: dict) -> object:
             agent.report_progress(task_id, 0.5, "halfway")
             agent.report_result(task_id, {"late": payload})
 
-        threading.Timer(0.3, later).start()
+        threading.Timer(args.report_after, later).start()
         return reach.ACCEPTED
     return {"echo": payload, "pid": os.getpid()}
 
