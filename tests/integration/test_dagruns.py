@@ -1,0 +1,106 @@
+"""DAG node steps against a real store: idempotent under duplicate delivery (a chord
+pitfall), and failures become node results instead of exceptions."""
+
+from __future__ import annotations
+
+from sqlalchemy import Engine, func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from reach import dagruns, dags, registry
+from reach.clock import ManualClock
+from reach.dags import NodeStatus
+from reach.delivery import finish, load_for_update
+from reach.monitoring import Policy
+from reach.schemas import RegisterRequest
+from reach.settings import Settings
+from reach.storage import session_factory
+from reach.storage.models import TaskRow
+
+SPEC = dags.parse_dag(
+    {
+        "name": "two",
+        "nodes": [
+            {"id": "first", "agent_id": "a", "method": "m", "payload": {"x": 1}},
+            {
+                "id": "second",
+                "agent_id": "a",
+                "method": "m",
+                "dependencies": ["first"],
+                "inputs": {"prev": "$nodes.first.data.value"},
+            },
+        ],
+    }
+)
+
+
+def setup(engine: Engine) -> tuple[sessionmaker[Session], ManualClock, str]:
+    sessions, clock = session_factory(engine), ManualClock()
+    with sessions.begin() as s:
+        registry.register(
+            s,
+            RegisterRequest(agent_id="a", addr="10.1.1.1:7000", capabilities=[{"type": "m"}]),
+            clock.now(),
+            Policy.from_settings(Settings()),
+        )
+        run_id = dagruns.start_run(s, SPEC, {}, clock.now())
+    return sessions, clock, run_id
+
+
+def step(
+    sessions: sessionmaker[Session], clock: ManualClock, run_id: str, node: str
+) -> dagruns.Step:
+    with sessions.begin() as s:
+        return dagruns.advance_node(s, run_id, node, clock.now())
+
+
+def tasks(sessions: sessionmaker[Session]) -> int:
+    with sessions() as s:
+        return int(s.scalar(select(func.count()).select_from(TaskRow)) or 0)
+
+
+def test_duplicate_node_deliveries_submit_once_and_agree(engine: Engine) -> None:
+    sessions, clock, run_id = setup(engine)
+    first = step(sessions, clock, run_id, "first")
+    assert first.result is None and first.submitted_task == f"{run_id}.first"
+    again = step(sessions, clock, run_id, "first")  # a duplicate copy of the header task
+    assert again.result is None and again.submitted_task is None
+    assert tasks(sessions) == 1
+    with sessions.begin() as s:
+        task = load_for_update(s, f"{run_id}.first")
+        assert task is not None
+        finish(s, task, "success", clock.now(), result={"value": 42})
+    done = step(sessions, clock, run_id, "first")
+    dup = step(sessions, clock, run_id, "first")
+    assert done.result == dup.result
+    assert done.result is not None and done.result.status is NodeStatus.SUCCESS
+    # the next level reads its inputs from the stored state, not from chord arguments
+    second = step(sessions, clock, run_id, "second")
+    with sessions() as s:
+        payload = s.scalar(select(TaskRow.payload).where(TaskRow.task_id == second.submitted_task))
+    assert payload == {"prev": 42}
+
+
+def test_a_node_that_cannot_be_submitted_fails_without_raising(engine: Engine) -> None:
+    sessions, clock, run_id = setup(engine)
+    with sessions.begin() as s:  # the agent leaves before the run reaches it
+        from reach.schemas import DeregisterRequest
+
+        instance = s.scalar(select(registry.InstanceRow.instance_id))
+        assert instance is not None
+        registry.deregister(s, DeregisterRequest(agent_id="a", instance_id=instance), clock.now())
+    result = step(sessions, clock, run_id, "first").result
+    assert result is not None and result.status is NodeStatus.FAILED
+    assert "NoSuitableAgent" in str(result.error)
+    skipped = step(sessions, clock, run_id, "second").result
+    assert skipped is not None and skipped.status is NodeStatus.SKIPPED
+    with sessions.begin() as s:
+        assert dagruns.finish_run(s, run_id, clock.now()) == "failed"
+        assert "first" in dagruns.view(s, run_id)["reason"]
+
+
+def test_node_timeout_is_enforced(engine: Engine) -> None:
+    sessions, clock, run_id = setup(engine)
+    step(sessions, clock, run_id, "first")
+    clock.advance(31)  # timeout_ms defaults to 30 s
+    result = step(sessions, clock, run_id, "first").result
+    assert result is not None and result.status is NodeStatus.TIMEOUT
