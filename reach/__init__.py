@@ -5,8 +5,10 @@ The public surface is what ``__all__`` lists; everything else is internal.
 
 from reach.agent import ACCEPTED, Agent
 from reach.client import (
+    BroadcastResult,
     Submission,
     TaskResult,
+    broadcast,
     get_task,
     report_progress,
     report_result,
@@ -51,6 +53,7 @@ __all__ = [
     "AgentTimeout",
     "AgentUnreachable",
     "Backpressure",
+    "BroadcastResult",
     "BusinessError",
     "Capability",
     "ConfigError",
@@ -78,6 +81,7 @@ __all__ = [
     "UnknownInstance",
     "UnknownTask",
     "__version__",
+    "broadcast",
     "get_task",
     "report_progress",
     "report_result",

@@ -22,3 +22,11 @@ def canvas(app: Any, run_id: str, plan: Plan) -> Any:
         for level in plan.levels
     ]
     return chain(*levels, app.signature("reach.dag_finish", args=(run_id,), immutable=True))
+
+
+def fan_out(app: Any, task_ids: list[str]) -> Any:
+    """A broadcast's deliveries as one group: every target at once."""
+    return group(
+        app.signature("reach.deliver", args=(task_id, 1), immutable=True, queue="reach")
+        for task_id in task_ids
+    )

@@ -163,3 +163,56 @@ def report_progress(
         )
     finally:
         client.close()
+
+
+@dataclass(frozen=True, slots=True)
+class BroadcastResult:
+    broadcast_id: str
+    complete: bool
+    reason: str
+    succeeded: int
+    results: list[dict[str, Any]]
+
+    @property
+    def data(self) -> list[Any]:
+        """The data of every target that succeeded so far."""
+        return [r["data"] for r in self.results if r["status"] == "success"]
+
+
+def broadcast(
+    *,
+    method: str,
+    payload: dict[str, Any] | None = None,
+    capability: str | None = None,
+    tags: Sequence[str] = (),
+    rules: dict[str, str | int | float | bool] | None = None,
+    min_results: int | None = None,
+    timeout: float = 30.0,
+    hub: str | None = None,
+) -> BroadcastResult:
+    """Send to every routable instance matching ``capability``/``tags`` and gather results.
+
+    Returns as soon as ``min_results`` targets succeeded (all, by default), every target
+    finished, or ``timeout`` passed; each target's status is in ``results``.
+    """
+    body = {
+        "method": method,
+        "payload": payload or {},
+        "capability": capability,
+        "tags": list(tags),
+        "rules": rules or {},
+        "min_results": min_results,
+        "timeout_ms": max(1, int(timeout * 1000)),
+    }
+    client = HubClient(hub, read_timeout=timeout + 15)
+    try:
+        view = client.post("/v1/broadcasts", {k: v for k, v in body.items() if v is not None})
+        deadline = time.monotonic() + timeout
+        while not view["complete"] and time.monotonic() < deadline:
+            wait = round(max(0.0, min(deadline - time.monotonic(), 30.0)), 3)
+            view = client.get(f"/v1/broadcasts/{view['broadcast_id']}", params={"wait": wait})
+    finally:
+        client.close()
+    return BroadcastResult(
+        view["broadcast_id"], view["complete"], view["reason"], view["succeeded"], view["results"]
+    )

@@ -20,7 +20,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import select, update
@@ -167,6 +167,9 @@ def _route(
         rules=tuple(sorted((target.get("rules") or {}).items())),
     )
     candidates = registry.load_candidates(session, flt, now, policy, method=task.method)
+    pinned = target.get("instance_id")
+    if pinned:  # a broadcast target: this instance or nothing
+        candidates = [c for c in candidates if c.instance_id == pinned]
     exclude = {task.instance_id} if task.instance_id and task.retries else set()
     try:
         chosen = choose_excluding(candidates, flt, rng, exclude)
@@ -302,7 +305,12 @@ def fail_transient(
     if token is not None and task.lease_token != token:
         return None
     task.error = error
-    if not should_retry(task.retries, dpolicy.retry):
+    budget = (
+        dpolicy.retry
+        if task.max_retry is None
+        else replace(dpolicy.retry, max_retry=task.max_retry)
+    )
+    if not should_retry(task.retries, budget):
         dead_letter(session, task, now, reason=f"{task.retries} retries exhausted", error=error)
         return None
     task.retries += 1

@@ -177,3 +177,24 @@ class ProgressReport(WireModel):
     message: str = Field("", max_length=10_000)
     data: Any = None
     attempt_seq: int | None = Field(None, ge=0)
+
+
+class BroadcastRequest(WireModel):
+    """``POST /v1/broadcasts``: one request to every routable instance matching the filter."""
+
+    tags: list[Tag] = Field(default_factory=list, max_length=64)
+    capability: CapabilityType | None = None
+    rules: dict[Annotated[str, Field(max_length=64)], MetadataValue] = Field(
+        default_factory=dict, max_length=32
+    )
+    method: Method
+    payload: dict[str, Any] = Field(default_factory=dict)
+    min_results: int | None = Field(None, ge=1, description="complete early with this many")
+    timeout_ms: int = Field(30_000, ge=1, le=3_600_000)
+    max_retry: int = Field(0, ge=0, le=10, description="per target; a broadcast never waits long")
+
+    @model_validator(mode="after")
+    def _has_filter(self) -> BroadcastRequest:
+        if not (self.tags or self.capability):
+            raise ValueError("a broadcast needs tags or a capability (never a blind broadcast)")
+        return self

@@ -49,9 +49,22 @@ def target_key(target: dict[str, Any]) -> str:
     return f"tags={','.join(target.get('tags') or [])};cap={target.get('capability') or ''}"[:128]
 
 
-def submit(session: Session, req: SubmitRequest, now: float) -> tuple[TaskRow, bool]:
-    """Create the task (or return the existing one with this task_id): (row, created)."""
+def submit(
+    session: Session,
+    req: SubmitRequest,
+    now: float,
+    *,
+    pin_instance: str | None = None,
+    max_retry: int | None = None,
+) -> tuple[TaskRow, bool]:
+    """Create the task (or return the existing one with this task_id): (row, created).
+
+    ``pin_instance`` (broadcasts) delivers to that instance only; ``max_retry`` overrides
+    the router's retry budget for this task.
+    """
     target = target_of(req)
+    if pin_instance:
+        target["instance_id"] = pin_instance
     if req.task_id is not None:
         existing = session.scalar(select(TaskRow).where(TaskRow.task_id == req.task_id))
         if existing is not None:
@@ -91,6 +104,7 @@ def submit(session: Session, req: SubmitRequest, now: float) -> tuple[TaskRow, b
         retries=0,
         redeliveries=0,
         deferrals=0,
+        max_retry=max_retry,
     )
     session.add(row)
     session.add(

@@ -346,7 +346,8 @@ def shared_stack(
         if "postgres" in shared_store_url:
             redis_url = cleanup.enter_context(_flushed_redis())
             extra.update(REACH_BROKER_URL=redis_url, REACH_RESULT_BACKEND=redis_url)
-        s = start_stack(shared_store_url, home, extra)
+        workers = int(getattr(request.module, "STACK_WORKER_CONCURRENCY", 2))
+        s = start_stack(shared_store_url, home, extra, worker_concurrency=workers)
         cleanup.callback(stop_stack, s)
         yield s
 

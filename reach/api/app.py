@@ -11,6 +11,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from reach import metrics, monitoring, registry
+from reach.api.broadcasts import broadcast_router
 from reach.api.dagruns import dag_router
 from reach.api.problems import BodyLimitMiddleware, install_problem_handlers
 from reach.api.tasks import dead_letter_router, task_router
@@ -49,6 +50,7 @@ def create_app(ctx: HubContext, surface: Surface = Surface.ALL) -> FastAPI:
     if surface in (Surface.ALL, Surface.PUBLIC):
         app.include_router(_agent_router(ctx))
         app.include_router(task_router(ctx))
+        app.include_router(broadcast_router(ctx))
     if surface in (Surface.ALL, Surface.ADMIN):
         app.include_router(_admin_router(ctx))
         app.include_router(_metrics_router(ctx))

@@ -134,6 +134,7 @@ class TaskRow(Base):
     accepted_at: Mapped[float | None] = mapped_column(Double, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Double, nullable=True)
     callback_url: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    max_retry: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class TaskEventRow(Base):
@@ -213,3 +214,17 @@ class DagNodeRunRow(Base):
     reason: Mapped[str] = mapped_column(Text, default="")
     started_at: Mapped[float | None] = mapped_column(Double, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+
+
+class BroadcastRow(Base):
+    """One request fanned out to every matching instance (one task per target)."""
+
+    __tablename__ = "broadcasts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    broadcast_id: Mapped[str] = mapped_column(String(128), unique=True)
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)
+    targets: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    min_results: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[float] = mapped_column(Double)
+    deadline: Mapped[float] = mapped_column(Double)
