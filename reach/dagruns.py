@@ -198,3 +198,53 @@ def _finish(row: DagNodeRunRow, result: NodeResult, now: float) -> NodeResult:
     row.reason = result.reason
     row.finished_at = now
     return result
+
+
+def canvas_step(
+    session: Session,
+    task_id: str,
+    method: str,
+    payload: dict[str, Any],
+    agent_id: str | None,
+    tags: list[str],
+    capability: str | None,
+    timeout_ms: int,
+    now: float,
+) -> Step:
+    """A hand-composed canvas step: submit once, then report the task's outcome."""
+    existing = session.scalar(select(TaskRow).where(TaskRow.task_id == task_id))
+    if existing is None:
+        try:
+            submit(
+                session,
+                SubmitRequest(
+                    task_id=task_id,
+                    agent_id=agent_id,
+                    tags=tags,
+                    capability=capability,
+                    method=method,
+                    payload=payload,
+                    timeout_ms=timeout_ms,
+                ),
+                now,
+            )
+        except ReachError as exc:
+            return Step(
+                NodeResult(
+                    status=NodeStatus.FAILED,
+                    reason=f"not submitted: {exc}",
+                    error={"kind": type(exc).__name__, "message": exc.detail},
+                )
+            )
+        return Step(None, submitted_task=task_id)
+    if existing.status not in TERMINAL:
+        if now - existing.created_at > timeout_ms / 1000:
+            return Step(
+                NodeResult(status=NodeStatus.TIMEOUT, reason=f"no result within {timeout_ms} ms")
+            )
+        return Step(None)
+    if existing.status == "success":
+        return Step(NodeResult(status=NodeStatus.SUCCESS, data=existing.result, reason="succeeded"))
+    return Step(
+        NodeResult(status=NodeStatus.FAILED, error=existing.error, reason=f"task {existing.status}")
+    )

@@ -12,6 +12,7 @@ from typing import Any
 from celery import shared_task
 
 from reach import dagruns
+from reach.dagruns import canvas_step
 from reach.delivery import Publish
 
 # Quick first looks for fast agents, then every 2 s for slow ones (bounded broker traffic).
@@ -38,3 +39,47 @@ def dag_finish(run_id: str) -> str:
 
     ctx = runtime()
     return ctx.write(lambda s: dagruns.finish_run(s, run_id, ctx.clock.now()))
+
+
+@shared_task(name="reach.reach_task", bind=True, max_retries=None, acks_late=True)
+def reach_task(
+    self: Any,
+    method: str,
+    payload: dict[str, Any] | None = None,
+    agent_id: str | None = None,
+    tags: list[str] | None = None,
+    capability: str | None = None,
+    timeout_ms: int = 30_000,
+) -> dict[str, Any]:
+    """One reach as a canvas step, for hand-composed canvases::
+
+        chain(reach_task.si("sales.fetch", {"region": "east"}, capability="sales.fetch"),
+              chord([reach_task.si(...), reach_task.si(...)], reach_task.si(...)))
+
+    The hub tracks it like any task (task_id ``cv-<celery id>``, full audit trail). It
+    returns ``{"status", "data", "error", "task_id"}`` and never raises into the canvas;
+    while the agent works it waits without holding a worker slot.
+    """
+    from reach.worker_app import runtime
+
+    ctx = runtime()
+    task_id = f"cv-{self.request.id}"
+    step = ctx.write(
+        lambda s: canvas_step(
+            s,
+            task_id,
+            method,
+            payload or {},
+            agent_id,
+            tags or [],
+            capability,
+            timeout_ms,
+            ctx.clock.now(),
+        )
+    )
+    if step.submitted_task is not None:
+        ctx.publish_attempts([Publish(step.submitted_task, 1, 0.0)])
+    if step.result is None:
+        delay = POLL_SECONDS[min(self.request.retries, len(POLL_SECONDS) - 1)]
+        raise self.retry(countdown=delay)
+    return {**step.result.model_dump(mode="json"), "task_id": task_id}

@@ -11,7 +11,6 @@ import requests
 import reach
 from tests.conftest import AgentProcess, Stack, wait_until
 
-
 # A synchronous delivery holds its worker slot for the agent's whole answer: four slots let
 # the two slow targets run beside the fast ones (slow agents should answer 202 instead).
 STACK_WORKER_CONCURRENCY = 4

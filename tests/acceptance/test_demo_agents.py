@@ -275,3 +275,41 @@ def test_invalid_dags_are_refused_naming_the_node(stack: Stack, mutate: object, 
     assert r.status_code == 422
     assert r.json()["type"] == "urn:agent-reach:problem:dag-error"
     assert r.json()["node"] == node
+
+
+def test_hand_composed_canvas_is_tracked_by_the_hub(
+    stack: Stack, demo_agents: dict[str, Path]
+) -> None:
+    from celery import chain, chord
+
+    from reach.celery_app import create_celery
+    from reach.settings import load_settings
+
+    app = create_celery(load_settings(environ=stack.env))
+
+    def step(method: str, payload: dict[str, object]) -> object:
+        return app.signature(
+            "reach.reach_task",
+            args=(method, payload),
+            kwargs={"capability": method},
+            immutable=True,
+        )
+
+    compose = {"tone": "concise", "region": "east"}
+    flow = chain(
+        step("sales.fetch", {"region": "east"}),
+        chord(
+            [step("chat.compose", compose), step("chat.compose", {**compose, "total": 1})],
+            step("chat.compose", {**compose, "tone": "detailed"}),
+        ),
+    )
+    try:
+        last = flow.apply_async().get(timeout=90)
+    finally:
+        app.close()
+    assert last["status"] == "success", last
+    assert "reply" in last["data"]
+    tracked = requests.get(f"{stack.url}/v1/tasks/{last['task_id']}", timeout=5).json()
+    assert tracked["status"] == "success" and tracked["method"] == "chat.compose"
+    events = requests.get(f"{stack.url}/v1/tasks/{last['task_id']}/events", timeout=5).json()
+    assert [e["kind"] for e in events["events"]][-1] == "terminal_success"
