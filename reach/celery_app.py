@@ -21,6 +21,9 @@ TASK_MODULES = [
 ]
 QUEUES = ("reach", "reach.probe")
 EMBEDDED_TRANSPORT = "reach.embedded_broker:Transport"
+# Chord state (the header counter on Redis) lives as long as results do: a DAG run that
+# could outlive it would never run its next level, so runs are checked against it.
+RESULT_EXPIRES_S = 24 * 3600
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
@@ -36,7 +39,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_serializer": "json",
         "result_serializer": "json",
         "accept_content": ["json"],
-        "result_expires": 24 * 3600,
+        "result_expires": RESULT_EXPIRES_S,
         "result_extended": True,
         "broker_connection_retry_on_startup": True,
         "worker_send_task_events": True,

@@ -23,6 +23,7 @@ from reach.storage.models import DagNodeRunRow, DagRunRow, TaskRow
 from reach.submission import TERMINAL, submit
 
 FINISHED = {s.value for s in NodeStatus}
+MAX_RUN_RETRIES = 3  # node re-attempts per run, in total: a flaky branch cannot loop forever
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +122,32 @@ def advance_node(session: Session, run_id: str, node_id: str, now: float) -> Ste
     reach_task = session.scalar(select(TaskRow).where(TaskRow.task_id == row.task_id))
     if reach_task is None:
         raise UnknownTask(f"task {row.task_id!r} of node {node_id!r} vanished")
+    transient = reach_task.status == "dead" or (
+        reach_task.status not in TERMINAL
+        and row.started_at is not None
+        and now - row.started_at > node.timeout_ms / 1000
+    )
+    if transient and run.retries < MAX_RUN_RETRIES:
+        # delivery gave up (or the node timed out): re-attempt it, from the run's budget
+        run.retries += 1
+        task, _ = submit(
+            session,
+            SubmitRequest(
+                task_id=f"{run_id}.{node_id}.r{run.retries}",
+                agent_id=node.agent_id,
+                tags=list(node.tags),
+                capability=node.capability,
+                rules=dict(node.rules),
+                method=node.method,
+                payload=reach_task.payload,
+                timeout_ms=node.timeout_ms,
+                trace={"root_id": run_id, "parent_task_id": None, "hops": 0, "path": []},
+            ),
+            now,
+        )
+        row.task_id = task.task_id
+        row.started_at = now
+        return Step(None, submitted_task=task.task_id)
     if reach_task.status in TERMINAL:
         if reach_task.status == "success":
             result = NodeResult(
@@ -175,6 +202,7 @@ def view(session: Session, run_id: str) -> dict[str, Any]:
         "input": run.input,
         "created_at": run.created_at,
         "finished_at": run.finished_at,
+        "retries": run.retries,
         "nodes": [
             {
                 "node_id": n,
@@ -248,3 +276,23 @@ def canvas_step(
     return Step(
         NodeResult(status=NodeStatus.FAILED, error=existing.error, reason=f"task {existing.status}")
     )
+
+
+def worst_case_seconds(spec: DagSpec, plan: dags.Plan) -> float:
+    """How long a run can take at most: each level waits for its slowest node, and the run's
+    retry budget may re-run the slowest levels."""
+    by_id = {n.id: n for n in spec.nodes}
+    per_level = sorted(
+        (max(by_id[n].timeout_ms for n in level) / 1000 for level in plan.levels), reverse=True
+    )
+    return sum(per_level) + sum(per_level[:MAX_RUN_RETRIES])
+
+
+def check_fits_chord_lifetime(spec: DagSpec, plan: dags.Plan, lifetime_s: float) -> None:
+    worst = worst_case_seconds(spec, plan)
+    if worst >= lifetime_s:
+        raise DagError(
+            f"DAG {spec.name!r} may run {worst:.0f}s, longer than the {lifetime_s:.0f}s its "
+            "chord state is kept; shorten node timeouts or split the DAG",
+            node=max(spec.nodes, key=lambda n: n.timeout_ms).id,
+        )

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from reach import dagruns, dags, registry
 from reach.canvas import canvas
+from reach.celery_app import RESULT_EXPIRES_S
 from reach.context import HubContext
 from reach.errors import DagError
 from reach.routing import RouteFilter, matches
@@ -46,8 +47,9 @@ def dag_router(ctx: HubContext) -> APIRouter:
             dags.validate(spec, target_exists=target_exists)
             return dagruns.start_run(session, spec, body.input, now)
 
-        run_id = ctx.write(work)
         plan = dags.compile_plan(spec)
+        dagruns.check_fits_chord_lifetime(spec, plan, RESULT_EXPIRES_S)
+        run_id = ctx.write(work)
         try:
             canvas(ctx.publisher.app, run_id, plan).apply_async()
         except Exception as exc:  # broker down: the run exists but cannot start

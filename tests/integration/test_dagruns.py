@@ -98,9 +98,62 @@ def test_a_node_that_cannot_be_submitted_fails_without_raising(engine: Engine) -
         assert "first" in dagruns.view(s, run_id)["reason"]
 
 
-def test_node_timeout_is_enforced(engine: Engine) -> None:
+def test_node_timeout_is_retried_from_the_run_budget_then_enforced(engine: Engine) -> None:
     sessions, clock, run_id = setup(engine)
-    step(sessions, clock, run_id, "first")
-    clock.advance(31)  # timeout_ms defaults to 30 s
+    submitted = [step(sessions, clock, run_id, "first").submitted_task]
+    for _ in range(dagruns.MAX_RUN_RETRIES):
+        clock.advance(31)  # timeout_ms defaults to 30 s: re-attempted under a new task id
+        again = step(sessions, clock, run_id, "first")
+        assert again.result is None and again.submitted_task is not None
+        submitted.append(again.submitted_task)
+    clock.advance(31)  # the run's budget of 3 retries is spent
     result = step(sessions, clock, run_id, "first").result
     assert result is not None and result.status is NodeStatus.TIMEOUT
+    assert submitted == [f"{run_id}.first", *(f"{run_id}.first.r{n}" for n in (1, 2, 3))]
+    with sessions() as s:
+        assert dagruns.view(s, run_id)["retries"] == 3
+
+
+def test_a_dead_node_task_is_retried_but_a_business_failure_is_not(engine: Engine) -> None:
+    sessions, clock, run_id = setup(engine)
+    step(sessions, clock, run_id, "first")
+    with sessions.begin() as s:
+        task = load_for_update(s, f"{run_id}.first")
+        assert task is not None
+        finish(s, task, "dead", clock.now(), error={"kind": "unreachable"})
+    retried = step(sessions, clock, run_id, "first")
+    assert retried.submitted_task == f"{run_id}.first.r1"
+    with sessions.begin() as s:
+        task = load_for_update(s, f"{run_id}.first.r1")
+        assert task is not None
+        finish(s, task, "failed", clock.now(), error={"kind": "business", "code": 7})
+    result = step(sessions, clock, run_id, "first").result
+    assert result is not None and result.status is NodeStatus.FAILED
+
+
+def test_runs_that_could_outlive_their_chord_state_are_refused() -> None:
+    import pytest
+
+    from reach.errors import DagError
+
+    long = dags.parse_dag(
+        {
+            "name": "long",
+            "nodes": [
+                {
+                    "id": f"n{i}",
+                    "agent_id": "a",
+                    "method": "m",
+                    "timeout_ms": 3_600_000,
+                    "dependencies": [f"n{i - 1}"] if i else [],
+                }
+                for i in range(20)
+            ],
+        }
+    )
+    plan = dags.compile_plan(long)
+    assert dagruns.worst_case_seconds(long, plan) == 23 * 3600  # 20 levels + 3 retries
+    with pytest.raises(DagError) as err:
+        dagruns.check_fits_chord_lifetime(long, plan, 23 * 3600)
+    assert err.value.extra["node"] == "n0"
+    dagruns.check_fits_chord_lifetime(long, plan, 23 * 3600 + 1)  # fits: accepted

@@ -26,6 +26,7 @@ def upgrade() -> None:
         sa.Column("input", sa.JSON(), nullable=False),
         sa.Column("status", sa.String(length=16), nullable=False),
         sa.Column("reason", sa.Text(), nullable=False),
+        sa.Column("retries", sa.Integer(), nullable=False, server_default="0"),
         sa.Column("created_at", sa.Double(), nullable=False),
         sa.Column("updated_at", sa.Double(), nullable=False),
         sa.Column("finished_at", sa.Double(), nullable=True),
