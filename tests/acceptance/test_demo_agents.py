@@ -225,6 +225,19 @@ def test_failed_fetch_skips_its_dependents_and_the_run_says_why(
     assert "fetch_sales_data" in str(run["reason"])
 
 
+@pytest.mark.parametrize(
+    ("region", "review_b", "escalate"),
+    [("east", "success", "skipped"), ("west", "failed", "success")],
+)
+def test_shipped_diamond_runs_its_failure_branch_only_on_failure(
+    stack: Stack, demo_agents: dict[str, Path], region: str, review_b: str, escalate: str
+) -> None:
+    run = start_dag(stack, "diamond_review", {"region": region})
+    nodes = {n["node_id"]: n for n in run["nodes"]}  # type: ignore[attr-defined]
+    assert nodes["review_a"]["status"] == "success"
+    assert (nodes["review_b"]["status"], nodes["escalate"]["status"]) == (review_b, escalate)
+
+
 def test_cli_runs_a_dag_and_shows_it(stack: Stack, demo_agents: dict[str, Path]) -> None:
     env = {**stack.env, "COLUMNS": "200"}
     out = subprocess.run(
