@@ -11,11 +11,22 @@ from typing import Any
 
 from kombu.transport import sqlalchemy as kombu_sqla
 from sqlalchemy import event
+from sqlalchemy.exc import IntegrityError
 
 POLLING_INTERVAL = 0.05
 
 
 class Channel(kombu_sqla.Channel):
+    def _get_or_create(self, queue: str) -> Any:
+        # kombu guards queue creation with a lock of its own process only; the API, the
+        # worker and beat declare the same queues at start-up, and the loser of that race
+        # must read the winner's row instead of crashing (a worker would stop for good).
+        try:
+            return super()._get_or_create(queue)  # type: ignore[no-untyped-call]
+        except IntegrityError:
+            self.session.rollback()
+            return self.session.query(self.queue_cls).filter(self.queue_cls.name == queue).one()
+
     def _engine_from_config(self) -> Any:
         engine = super()._engine_from_config()  # type: ignore[no-untyped-call]
         if engine.dialect.name == "sqlite":
