@@ -203,8 +203,11 @@ def test_worker_killed_mid_flight_loses_nothing(
         stack.start_worker()
         submitter.join(120)
         assert_exactly_once(store_url, agent, ids)
-        # the kill really caught deliveries mid-flight, and the lease expiry recovered them
-        assert recovery_events(store_url)["worker_lost"] >= 1
+        # the kill really left work behind, and a safety net recovered it: an expired
+        # dispatch lease (killed mid-delivery) or an overdue attempt (its message was
+        # prefetched by the dead worker and stays invisible in Redis)
+        recovered = recovery_events(store_url)
+        assert recovered["worker_lost"] + recovered["republished"] >= 1, recovered
     finally:
         agent.stop()
 
