@@ -91,17 +91,7 @@ def advance_node(session: Session, run_id: str, node_id: str, now: float) -> Ste
             payload = dags.build_payload(node, run.input, results)
             task, _ = submit(
                 session,
-                SubmitRequest(
-                    task_id=f"{run_id}.{node_id}",
-                    agent_id=node.agent_id,
-                    tags=list(node.tags),
-                    capability=node.capability,
-                    rules=dict(node.rules),
-                    method=node.method,
-                    payload=payload,
-                    timeout_ms=node.timeout_ms,
-                    trace={"root_id": run_id, "parent_task_id": None, "hops": 0, "path": []},
-                ),
+                _node_request(run_id, node, f"{run_id}.{node_id}", payload),
                 now,
             )
         except (DagError, ReachError) as exc:
@@ -132,17 +122,7 @@ def advance_node(session: Session, run_id: str, node_id: str, now: float) -> Ste
         run.retries += 1
         task, _ = submit(
             session,
-            SubmitRequest(
-                task_id=f"{run_id}.{node_id}.r{run.retries}",
-                agent_id=node.agent_id,
-                tags=list(node.tags),
-                capability=node.capability,
-                rules=dict(node.rules),
-                method=node.method,
-                payload=reach_task.payload,
-                timeout_ms=node.timeout_ms,
-                trace={"root_id": run_id, "parent_task_id": None, "hops": 0, "path": []},
-            ),
+            _node_request(run_id, node, f"{run_id}.{node_id}.r{run.retries}", reach_task.payload),
             now,
         )
         row.task_id = task.task_id
@@ -217,6 +197,23 @@ def view(session: Session, run_id: str) -> dict[str, Any]:
             for n in order
         ],
     }
+
+
+def _node_request(
+    run_id: str, node: dags.NodeSpec, task_id: str, payload: dict[str, Any]
+) -> SubmitRequest:
+    """The reach task of one node attempt, traced under its run."""
+    return SubmitRequest(
+        task_id=task_id,
+        agent_id=node.agent_id,
+        tags=list(node.tags),
+        capability=node.capability,
+        rules=dict(node.rules),
+        method=node.method,
+        payload=payload,
+        timeout_ms=node.timeout_ms,
+        trace={"root_id": run_id, "parent_task_id": None, "hops": 0, "path": []},
+    )
 
 
 def _finish(row: DagNodeRunRow, result: NodeResult, now: float) -> NodeResult:

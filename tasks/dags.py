@@ -25,12 +25,7 @@ def dag_node(self: Any, run_id: str, node_id: str) -> dict[str, Any]:
 
     ctx = runtime()
     step = ctx.write(lambda s: dagruns.advance_node(s, run_id, node_id, ctx.clock.now()))
-    if step.submitted_task is not None:
-        ctx.publish_attempts([Publish(step.submitted_task, 1, 0.0)])
-    if step.result is None:
-        delay = POLL_SECONDS[min(self.request.retries, len(POLL_SECONDS) - 1)]
-        raise self.retry(countdown=delay)
-    return step.result.model_dump(mode="json")
+    return _settle(self, ctx, step)
 
 
 @shared_task(name="reach.dag_finish", acks_late=True)
@@ -77,9 +72,14 @@ def reach_task(
             ctx.clock.now(),
         )
     )
+    return {**_settle(self, ctx, step), "task_id": task_id}
+
+
+def _settle(task: Any, ctx: Any, step: dagruns.Step) -> dict[str, Any]:
+    """Publish what the step submitted; come back later (slot freed) until it has a result."""
     if step.submitted_task is not None:
         ctx.publish_attempts([Publish(step.submitted_task, 1, 0.0)])
     if step.result is None:
-        delay = POLL_SECONDS[min(self.request.retries, len(POLL_SECONDS) - 1)]
-        raise self.retry(countdown=delay)
-    return {**step.result.model_dump(mode="json"), "task_id": task_id}
+        delay = POLL_SECONDS[min(task.request.retries, len(POLL_SECONDS) - 1)]
+        raise task.retry(countdown=delay)
+    return step.result.model_dump(mode="json")

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
-from starlette.concurrency import run_in_threadpool
 
 from reach import broadcasting
+from reach.api.longpoll import long_poll
 from reach.canvas import fan_out
 from reach.context import HubContext
 from reach.delivery import mark_published
@@ -45,12 +43,7 @@ def broadcast_router(ctx: HubContext) -> APIRouter:
         broadcast_id: str, wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 0.0
     ) -> dict[str, Any]:
         """The aggregate; with ``wait``, hold until it is complete or time is up."""
-        deadline = time.monotonic() + wait
-        while True:
-            view = await run_in_threadpool(_read, ctx, broadcast_id)
-            if view["complete"] or time.monotonic() >= deadline:
-                return view
-            await asyncio.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+        return await long_poll(lambda: _read(ctx, broadcast_id), lambda v: v["complete"], wait)
 
     return router
 

@@ -3,17 +3,15 @@ and the operator's dead-letter queue."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
-from starlette.concurrency import run_in_threadpool
 
 from reach import deadletters, delivery, submission
+from reach.api.longpoll import long_poll
 from reach.context import HubContext
 from reach.delivery import Publish
 from reach.errors import UnknownTask
@@ -42,14 +40,9 @@ def task_router(ctx: HubContext) -> APIRouter:
         task_id: str, wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 0.0
     ) -> dict[str, Any]:
         """The task; with ``wait`` > 0, hold the request until it is terminal or time is up."""
-        deadline = time.monotonic() + wait
-        pause = 0.02
-        while True:
-            view = await run_in_threadpool(_read, ctx, task_id)
-            if view["status"] in submission.TERMINAL or time.monotonic() >= deadline:
-                return view
-            await asyncio.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-            pause = min(pause * 1.5, 0.25)
+        return await long_poll(
+            lambda: _read(ctx, task_id), lambda v: v["status"] in submission.TERMINAL, wait
+        )
 
     @router.post("/{task_id}/result", responses={404: {}})
     def report_result(task_id: str, body: ResultReport) -> dict[str, Any]:
