@@ -42,8 +42,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "result_expires": RESULT_EXPIRES_S,
         "result_extended": True,
         "broker_connection_retry_on_startup": True,
-        "worker_send_task_events": True,
-        "task_send_sent_event": True,
+        # Task events cost a Redis publish per task state on the hot path; Flower turns
+        # them on in the workers it watches (its enable_events), so they stay off here.
+        "worker_send_task_events": False,
+        "task_send_sent_event": False,
         "worker_hijack_root_logger": False,
         "timezone": "UTC",
         "enable_utc": True,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -111,19 +112,47 @@ def api(
     )
 
 
+class WorkerPool(StrEnum):
+    PREFORK = "prefork"
+    THREADS = "threads"
+
+
 @app.command()
 def worker(
-    concurrency: Annotated[int, typer.Option(help="Worker processes")] = 2,
+    concurrency: Annotated[int, typer.Option(help="Worker processes (or threads)")] = 2,
     queues: Annotated[str, typer.Option(help="Queues to consume")] = "reach,reach.probe",
     loglevel: Annotated[str, typer.Option(help="Log level")] = "INFO",
+    pool: Annotated[
+        WorkerPool, typer.Option(help="prefork: a process per slot; threads: many slots")
+    ] = WorkerPool.PREFORK,
 ) -> None:
     """Run a Celery worker (delivery, probing, sweeps)."""
     _settings()
     from reach.worker_app import app as celery_app
 
     celery_app.worker_main(
-        ["worker", f"--concurrency={concurrency}", "-Q", queues, f"--loglevel={loglevel}"]
+        [
+            "worker",
+            f"--concurrency={concurrency}",
+            f"--pool={pool.value}",
+            "-Q",
+            queues,
+            f"--loglevel={loglevel}",
+        ]
     )
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def bench(ctx: typer.Context) -> None:
+    """Run the benchmark table (same options as ``python -m bench``; try ``--quick``)."""
+    try:
+        from bench.cli import main as bench_main
+    except ImportError as exc:
+        err_console.print(
+            f"[red]benchmarks need the bench extra:[/red] pip install -e '.[bench]' ({exc})"
+        )
+        raise typer.Exit(2) from None
+    bench_main(list(ctx.args))
 
 
 @app.command()

@@ -3,9 +3,11 @@
     sub = reach.send(agent_id="doc-analyzer-01", method="task.process", payload={"doc_id": "abc"})
     result = reach.wait_for_result(sub.task_id, timeout=60)
 
-Errors are typed: ``NoSuitableAgent`` and ``InvalidPayload`` at submit, ``BusinessError``
-(the agent said no), ``DeadLettered`` (retries exhausted; ``AgentUnreachable`` or
-``AgentTimeout`` say why in ``.cause``) and ``ResultTimeout`` from ``wait_for_result``.
+Errors are typed: ``NoSuitableAgent``, ``InvalidPayload`` and ``CircuitOpen`` (every
+matching instance is failing; ``.extra["retry_after"]`` says when to try again) at submit,
+``BusinessError`` (the agent said no), ``DeadLettered`` (retries exhausted;
+``AgentUnreachable`` or ``AgentTimeout`` say why in ``.cause``) and ``ResultTimeout`` from
+``wait_for_result``.
 """
 
 from __future__ import annotations

@@ -20,13 +20,16 @@ import random
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, cast
 
-from sqlalchemy import select, update
+from sqlalchemy import Table, case, func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from reach import metrics, registry
+from reach import breaking, metrics, registry
+from reach.breaker import BreakerPolicy
+from reach.breaking import Breakers, Ticket
+from reach.completions import mark_finished
 from reach.errors import NoSuitableAgent
 from reach.monitoring import Policy
 from reach.retry import Outcome, RetryPolicy, backoff_delay, classify, should_retry
@@ -49,6 +52,7 @@ class DeliveryPolicy:
     republish_grace: float = 10.0
     max_redeliveries: int = 5
     max_deferrals: int = 50
+    breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> DeliveryPolicy:
@@ -59,10 +63,19 @@ class DeliveryPolicy:
             read_timeout=r.read_timeout,
             watchdog_grace=r.watchdog_grace,
             republish_grace=r.republish_grace,
+            breaker=BreakerPolicy(
+                window_s=r.breaker_window,
+                failure_ratio=r.breaker_failure_ratio,
+                min_volume=r.breaker_min_volume,
+                trial_interval_s=r.breaker_trial_interval,
+            ),
         )
 
     def read_timeout_for(self, task: TaskRow) -> float:
-        return max(0.05, min(self.read_timeout, task.timeout_ms / 1000))
+        return self.read_timeout_for_ms(task.timeout_ms)
+
+    def read_timeout_for_ms(self, timeout_ms: int) -> float:
+        return max(0.05, min(self.read_timeout, timeout_ms / 1000))
 
     def lease_for(self, task: TaskRow) -> float:
         return self.connect_timeout + self.read_timeout_for(task) + self.lease_margin
@@ -87,6 +100,7 @@ class _Dispatch:
     instance_id: str
     agent_id: str
     read_timeout: float
+    ticket: Ticket
 
 
 def deliver_attempt(
@@ -99,17 +113,29 @@ def deliver_attempt(
     dpolicy: DeliveryPolicy,
     transport: AgentTransport,
     rng: random.Random,
+    breakers: Breakers,
+    candidates: registry.CandidateCache | None = None,
 ) -> Publish | None:
-    """Claim, route, call the agent, record the outcome. Returns a retry to publish, if any."""
+    """Claim, route, call the agent, record the outcome. Returns a retry to publish, if any.
+
+    ``breakers`` holds this process's failure windows: every answer feeds the instance's
+    circuit breaker, which opens (or closes after a trial) in a transaction of its own.
+    ``candidates`` lets a worker process reuse routing candidates for a moment.
+
+    The common path is two short transactions of plain statements (claim and route;
+    record a success); anything unusual takes the ORM path below them.
+    """
     with sessions.begin() as session:
         claimed = claim(session, task_id, attempt_seq, now(), dpolicy)
         if claimed is None:
             return None
-        route = _route(session, claimed, now(), policy, dpolicy, rng)
+        route = _route(session, claimed, now(), policy, dpolicy, rng, candidates)
         if isinstance(route, str):
+            task = load_for_update(session, task_id)
+            assert task is not None
             return fail_transient(
                 session,
-                claimed,
+                task,
                 claimed.lease_token,
                 now(),
                 dpolicy,
@@ -129,35 +155,101 @@ def deliver_attempt(
     metrics.DELIVERY_SECONDS.observe(time.perf_counter() - started)
     outcome = classify(answer.status, answer.body)
     metrics.DELIVERY_TOTAL.labels(outcome.value).inc()
+    if candidates is not None and outcome not in (Outcome.SUCCESS, Outcome.BUSINESS_ERROR):
+        candidates.clear()  # something is off with this instance: route from fresh facts
+    # before the outcome, so a retry it schedules already finds the breaker open
+    breaking.observe(sessions, breakers, dispatch.ticket, outcome, now(), dpolicy.breaker)
     with sessions.begin() as session:
+        if outcome is Outcome.SUCCESS:
+            body = answer.body if isinstance(answer.body, dict) else {}
+            if _finish_success(session, dispatch, body.get("data"), now()):
+                return None
         return record_outcome(session, dispatch, outcome, answer, now(), dpolicy, rng)
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """The columns of a claimed task that routing and the agent's request need."""
+
+    task_id: str
+    attempt_seq: int
+    lease_token: str
+    target: dict[str, Any]
+    method: str
+    payload: Any
+    idempotency_key: str | None
+    trace: dict[str, Any] | None
+    session_id: str | None
+    timeout_ms: int
+    instance_id: str | None
+    retries: int
+
+
+_T = cast(Table, TaskRow.__table__)
+_EVENTS = cast(Table, TaskEventRow.__table__)
+_VIEW_COLUMNS = (
+    "task_id", "status", "method", "target", "agent_id", "instance_id", "attempt_seq",
+    "retries", "result", "error", "trace", "session_id", "timeout_ms", "created_at",
+    "updated_at", "finished_at",
+)  # fmt: skip
 
 
 def claim(
     session: Session, task_id: str, attempt_seq: int, now: float, dpolicy: DeliveryPolicy
-) -> TaskRow | None:
-    task = load_for_update(session, task_id)
-    if task is None or task.attempt_seq != attempt_seq or task.status in TERMINAL:
-        return None  # stale or duplicate message: the fencing token moved on
-    lease_alive = task.status == "dispatching" and (task.lease_until or 0) > now
-    if task.status not in ("pending", "dispatching") or lease_alive:
-        return None  # executing (202) or another copy holds the lease
-    if task.status == "dispatching":
-        task.redeliveries += 1  # the previous holder died without a word
-    task.status = "dispatching"
-    task.lease_token = uuid.uuid4().hex
-    task.lease_until = now + dpolicy.lease_for(task)
-    task.updated_at = now
-    return task
+) -> Claimed | None:
+    """Take the attempt's dispatch lease in one conditional UPDATE.
+
+    Only this ``attempt_seq``, only from ``pending`` or from ``dispatching`` whose lease
+    lapsed (the holder died: counted as a redelivery); the lease lasts connect + read
+    timeout (the task's own, if shorter) + a margin, as ``DeliveryPolicy.lease_for``.
+    """
+    token = uuid.uuid4().hex
+    seconds = _T.c.timeout_ms / 1000.0
+    read = case(
+        (seconds >= dpolicy.read_timeout, dpolicy.read_timeout),
+        (seconds <= 0.05, 0.05),
+        else_=seconds,
+    )
+    row = session.execute(
+        update(_T)
+        .where(
+            _T.c.task_id == task_id,
+            _T.c.attempt_seq == attempt_seq,
+            (_T.c.status == "pending")
+            | ((_T.c.status == "dispatching") & (func.coalesce(_T.c.lease_until, 0) <= now)),
+        )
+        .values(
+            status="dispatching",
+            lease_token=token,
+            lease_until=now + dpolicy.connect_timeout + dpolicy.lease_margin + read,
+            updated_at=now,
+            redeliveries=_T.c.redeliveries + case((_T.c.status == "dispatching", 1), else_=0),
+        )
+        .returning(
+            _T.c.target,
+            _T.c.method,
+            _T.c.payload,
+            _T.c.idempotency_key,
+            _T.c.trace,
+            _T.c.session_id,
+            _T.c.timeout_ms,
+            _T.c.instance_id,
+            _T.c.retries,
+        )
+    ).first()
+    if row is None:
+        return None  # stale or duplicate message, terminal, or another copy holds the lease
+    return Claimed(task_id, attempt_seq, token, *row)
 
 
 def _route(
     session: Session,
-    task: TaskRow,
+    task: Claimed,
     now: float,
     policy: Policy,
     dpolicy: DeliveryPolicy,
     rng: random.Random,
+    cache: registry.CandidateCache | None = None,
 ) -> _Dispatch | str:
     target = task.target
     flt = RouteFilter(
@@ -166,19 +258,41 @@ def _route(
         capability=target.get("capability"),
         rules=tuple(sorted((target.get("rules") or {}).items())),
     )
-    candidates = registry.load_candidates(session, flt, now, policy, method=task.method)
+    if cache is not None:
+        candidates = cache.get(session, flt, now, policy, task.method)
+    else:
+        candidates = registry.load_candidates(session, flt, now, policy, method=task.method)
     pinned = target.get("instance_id")
     if pinned:  # a broadcast target: this instance or nothing
         candidates = [c for c in candidates if c.instance_id == pinned]
     exclude = {task.instance_id} if task.instance_id and task.retries else set()
-    try:
-        chosen = choose_excluding(candidates, flt, rng, exclude)
-    except NoSuitableAgent as exc:
-        return exc.detail
-    task.instance_id = chosen.instance_id
-    task.agent_id = chosen.agent_id
-    deadline = now + dpolicy.read_timeout_for(task)
-    task.deadline = deadline
+    while True:
+        try:
+            chosen = choose_excluding(candidates, flt, rng, exclude)
+        except NoSuitableAgent as exc:
+            return exc.detail
+        ticket = breaking.ticket_for(session, chosen, now, dpolicy.breaker)
+        if ticket is not None:
+            break
+        # its breaker's trial is due and another delivery claimed it: not ours to use
+        candidates = [c for c in candidates if c.instance_id != chosen.instance_id]
+    read_timeout = dpolicy.read_timeout_for_ms(task.timeout_ms)
+    deadline = now + read_timeout
+    session.execute(
+        update(_T)
+        .where(_T.c.task_id == task.task_id)
+        .values(instance_id=chosen.instance_id, agent_id=chosen.agent_id, deadline=deadline)
+    )
+    detail: dict[str, Any] = {
+        "endpoint": chosen.endpoint,
+        "reach_score": round(chosen.reach_score, 1),
+    }
+    if ticket.trial:
+        detail["breaker_trial"] = True
+    _insert_event(
+        session, task.task_id, chosen.agent_id, chosen.instance_id, task.attempt_seq,
+        "dispatched", now, detail,
+    )  # fmt: skip
     body = {
         "task_id": task.task_id,
         "method": task.method,
@@ -189,14 +303,6 @@ def _route(
         "session_id": task.session_id,
         "deadline": deadline,
     }
-    record_event(
-        session,
-        task,
-        "dispatched",
-        now,
-        {"endpoint": chosen.endpoint, "reach_score": round(chosen.reach_score, 1)},
-    )
-    assert task.lease_token is not None
     return _Dispatch(
         task.task_id,
         task.attempt_seq,
@@ -205,7 +311,60 @@ def _route(
         body,
         chosen.instance_id,
         chosen.agent_id,
-        dpolicy.read_timeout_for(task),
+        read_timeout,
+        ticket,
+    )
+
+
+def _finish_success(session: Session, d: _Dispatch, data: Any, now: float) -> bool:
+    """The common ending in two statements: the task becomes ``success`` unless it is
+    terminal already (then the ORM path records the duplicate). True if it decided."""
+    row = session.execute(
+        update(_T)
+        .where(_T.c.task_id == d.task_id, _T.c.status.notin_(TERMINAL))
+        .values(
+            status="success",
+            result=data,
+            error=None,
+            finished_at=now,
+            updated_at=now,
+            lease_token=None,
+            lease_until=None,
+        )
+        .returning(*(_T.c[name] for name in _VIEW_COLUMNS))
+    ).first()
+    if row is None:
+        return False
+    view = dict(zip(_VIEW_COLUMNS, row, strict=True))
+    _insert_event(
+        session, d.task_id, view["agent_id"], view["instance_id"], view["attempt_seq"],
+        "terminal_success", now, {"instance_id": d.instance_id, "attempt_seq": d.attempt_seq},
+    )  # fmt: skip
+    mark_finished(session, d.task_id, view)
+    metrics.TASKS_TOTAL.labels("success").inc()
+    return True
+
+
+def _insert_event(
+    session: Session,
+    task_id: str,
+    agent_id: str | None,
+    instance_id: str | None,
+    attempt_seq: int,
+    kind: str,
+    now: float,
+    detail: dict[str, Any],
+) -> None:
+    session.execute(
+        insert(_EVENTS).values(
+            task_id=task_id,
+            agent_id=agent_id,
+            instance_id=instance_id,
+            attempt_seq=attempt_seq,
+            kind=kind,
+            detail=detail,
+            at=now,
+        )
     )
 
 
@@ -359,6 +518,7 @@ def finish(
     task.lease_token = None
     task.lease_until = None
     kind = "terminal_success" if status == "success" else "terminal_failure"
+    mark_finished(session, task.task_id, task_view(task))
     record_event(
         session, task, kind, now, {**(detail or {}), **({"error": error} if error else {})}
     )
@@ -409,6 +569,17 @@ def mark_published(session: Session, task_id: str, attempt_seq: int, now: float)
         .values(published_at=now)
     )
     session.execute(update(TaskRow).where(TaskRow.task_id == task_id).values(last_published_at=now))
+
+
+def unmark_published(session: Session, task_id: str, attempt_seq: int) -> None:
+    session.execute(
+        update(OutboxRow)
+        .where(OutboxRow.task_id == task_id, OutboxRow.attempt_seq == attempt_seq)
+        .values(published_at=None)
+    )
+    session.execute(
+        update(TaskRow).where(TaskRow.task_id == task_id).values(last_published_at=None)
+    )
 
 
 def _holds_lease(task: TaskRow, d: _Dispatch) -> bool:

@@ -8,7 +8,8 @@
     │   ├── RegistrationConflict    same agent/instance declared differently
     │   └── UnknownInstance         heartbeat/deregister for an instance we never saw
     ├── RoutingError
-    │   └── NoSuitableAgent
+    │   ├── NoSuitableAgent
+    │   └── CircuitOpen             every matching instance's circuit breaker is open
     ├── DeliveryError
     │   ├── AgentUnreachable
     │   ├── AgentTimeout
@@ -34,6 +35,7 @@ depend on which side noticed the problem.
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
 PROBLEM_TYPE_PREFIX = "urn:agent-reach:problem:"
@@ -66,6 +68,10 @@ class ReachError(Exception):
             body["instance"] = instance
         body.update(self.extra)
         return body
+
+    def headers(self) -> dict[str, str]:
+        """HTTP headers the problem answer carries besides its body."""
+        return {}
 
 
 class ConfigError(ReachError):
@@ -137,6 +143,20 @@ class NoSuitableAgent(RoutingError):
     slug = "no-suitable-agent"
     status = 404
     title = "No suitable agent"
+
+
+class CircuitOpen(RoutingError):
+    """Every matching instance's circuit breaker is open; fail fast instead of queueing."""
+
+    slug = "circuit-open"
+    status = 503
+    title = "Circuit open"
+
+    def headers(self) -> dict[str, str]:
+        retry_after = self.extra.get("retry_after")
+        if isinstance(retry_after, int | float) and not isinstance(retry_after, bool):
+            return {"Retry-After": str(max(1, math.ceil(retry_after)))}
+        return {}
 
 
 class DeliveryError(ReachError):

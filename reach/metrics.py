@@ -105,3 +105,6 @@ DELIVERY_SECONDS = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 TASKS_TOTAL = Counter("agentreach_tasks_total", "Tasks reaching a terminal state.", ["status"])
+BREAKER_OPEN_TOTAL = Counter(
+    "agentreach_breaker_open_total", "Instance circuit breakers opened, by agent.", ["agent_id"]
+)

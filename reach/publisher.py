@@ -28,6 +28,10 @@ class Publisher:
                 args=[item.task_id, item.attempt_seq],
                 countdown=item.delay if item.delay > 0 else None,
                 queue=DELIVERY_QUEUE,
+                # nobody waits on a Celery result of a delivery (the store has the outcome);
+                # without this every publish subscribes to a result channel on Redis
+                ignore_result=True,
+                reply_to=DELIVERY_QUEUE,
                 retry=True,
                 retry_policy=_RETRY_POLICY,
             )

@@ -15,6 +15,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from reach.breaker import BreakerState
+from reach.breaker import state as breaker_state
 from reach.endpoints import parse_endpoint
 from reach.errors import (
     InvalidRegistration,
@@ -124,6 +126,7 @@ def register(
         row.last_probe_error = None
         row.alerts = []
         row.next_probe_at = now  # probe a newcomer at once
+        row.breaker_open_until = None  # a new incarnation starts with a closed breaker
         row.status = InstanceStatus.ONLINE  # "registered"; the assessment below may refine it
         row.status_changed_at = now
     row.last_heartbeat = now
@@ -234,22 +237,56 @@ def load_candidates(
         if method and types and method not in types:
             continue
         verdict = current(inst, now, policy)
+        # an open breaker takes the instance out of the pool (not merely to the back);
+        # once its trial is due, the delivery that picks it must claim the trial
+        breaker_open = breaker_state(inst.breaker_open_until, now) is BreakerState.OPEN
         out.append(
             Candidate(
                 instance_id=inst.instance_id,
                 agent_id=inst.agent_id,
                 endpoint=inst.public_endpoint or inst.endpoint,
                 status=verdict.status,
-                routable=verdict.routable,
+                routable=verdict.routable and not breaker_open,
                 reach_score=verdict.reach_score,
                 in_flight=inst.in_flight,
                 max_concurrency=inst.max_concurrency,
                 tags=tuple(agent.tags),
                 capabilities=types,
                 metadata=tuple(sorted(agent.meta.items())),
+                breaker_open_until=inst.breaker_open_until,
+                breaker_opened_at=inst.breaker_opened_at or 0.0,
             )
         )
     return out
+
+
+class CandidateCache:
+    """Routing candidates per filter, reused for ``ttl`` seconds within one process.
+
+    Loading candidates (instances joined with agents, each judged) is the costliest read
+    of a delivery, and its inputs change by the second: heartbeats every few seconds,
+    probes every 1-5 s. Reusing them for half a second saves that read on almost every
+    delivery; a failed delivery or a breaker transition drops the cache at once.
+    """
+
+    def __init__(self, ttl: float) -> None:
+        self.ttl = ttl
+        self._entries: dict[tuple[RouteFilter, str | None], tuple[float, list[Candidate]]] = {}
+
+    def get(
+        self, session: Session, flt: RouteFilter, now: float, policy: Policy, method: str | None
+    ) -> list[Candidate]:
+        key = (flt, method)
+        hit = self._entries.get(key)
+        if hit is not None and 0 <= now - hit[0] < self.ttl:
+            return hit[1]
+        found = load_candidates(session, flt, now, policy, method=method)
+        if self.ttl > 0:
+            self._entries[key] = (now, found)
+        return found
+
+    def clear(self) -> None:
+        self._entries.clear()
 
 
 def instance_gauges(session: Session, now: float, policy: Policy) -> list[dict[str, Any]]:
@@ -317,6 +354,8 @@ def instance_view(row: InstanceRow, now: float, policy: Policy) -> dict[str, Any
         "loss_rate": round(row.loss_rate, 4),
         "last_probe_at": _iso(row.last_probe_at),
         "last_probe_error": row.last_probe_error,
+        "breaker": breaker_state(row.breaker_open_until, now).value,
+        "breaker_open_until": _iso(row.breaker_open_until),
     }
 
 

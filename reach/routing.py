@@ -10,8 +10,9 @@ The steps, in order:
 1. **Filter** (`matches`): the agent ID, every requested tag, the capability type and every
    metadata rule must match. A filter naming none of agent ID, tags or capability is refused
    when it is built -- a route is never a blind broadcast.
-2. **Drop** what cannot take work: instances the reachability verdict marks not routable,
-   and any status other than ONLINE or DEGRADED (offline, unreachable, deregistered).
+2. **Drop** what cannot take work: instances not routable (by the reachability verdict, or
+   because their circuit breaker is open; see ``reach.breaker``), and any status other
+   than ONLINE or DEGRADED (offline, unreachable, deregistered).
 3. **Demote, never remove**: instances at ``max_concurrency`` and DEGRADED ones go after all
    the others, so a capability whose instances are all busy still has a candidate (the agent
    answers 429 and delivery backs off) rather than failing with "no suitable agent".
@@ -109,6 +110,8 @@ class Candidate:
     tags: tuple[str, ...] = ()
     capabilities: tuple[str, ...] = ()
     metadata: tuple[tuple[str, MetadataValue], ...] = ()
+    breaker_open_until: float | None = None  # as the store said when this was loaded
+    breaker_opened_at: float = 0.0
 
     @property
     def load(self) -> float:

@@ -131,6 +131,20 @@ class RouterSettings(_Section):
     republish_grace: float = Field(
         10.0, gt=0, description="overdue this long: message presumed lost"
     )
+    # per-instance circuit breaker (reach.breaker); min_volume 0 disables opening
+    breaker_window: int = Field(10, ge=1, le=3600, description="seconds of outcomes counted")
+    breaker_failure_ratio: float = Field(
+        0.5, ge=0, lt=1, description="failure share (strictly above) that opens the breaker"
+    )
+    breaker_min_volume: int = Field(
+        20, ge=0, description="outcomes needed in the window before it may open; 0 disables"
+    )
+    breaker_trial_interval: float = Field(
+        30.0, gt=0, le=86400, description="open breaker: one trial request this often"
+    )
+    candidate_ttl: float = Field(
+        0.5, ge=0, le=10, description="a worker reuses routing candidates this long; 0: never"
+    )
 
     @field_validator("backoff_cap")
     @classmethod

@@ -1,14 +1,17 @@
 """Accepting a task: validate it, pick nothing yet, and make it durable in one transaction.
 
 The instance is chosen at delivery time (state changes by the second); what is decided
-here is whether *any* registered agent can take the task at all — an unknown target or a
-payload that fails the capability's ``params_schema`` is refused before anything is
-queued. The task row, its first event and its outbox row commit together, so a crash
-before the broker hears of it loses nothing: the relay publishes what commit left behind.
+here is whether *any* registered agent can take the task at all — an unknown target, a
+payload that fails the capability's ``params_schema``, or a target whose every instance
+has its circuit breaker open (``CircuitOpen``: fail fast, do not queue behind a failing
+agent) is refused before anything is queued. The task row, its first event and its outbox
+row commit together, so a crash before the broker hears of it loses nothing: the relay
+publishes what commit left behind.
 """
 
 from __future__ import annotations
 
+import math
 import uuid
 from typing import Any
 
@@ -16,7 +19,9 @@ from jsonschema import Draft202012Validator
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from reach.errors import InvalidPayload, NoSuitableAgent, TaskConflict
+from reach.breaker import BreakerState
+from reach.breaker import state as breaker_state
+from reach.errors import CircuitOpen, InvalidPayload, NoSuitableAgent, TaskConflict
 from reach.routing import RouteFilter
 from reach.schemas import SubmitRequest
 from reach.storage.models import AgentRow, InstanceRow, OutboxRow, TaskEventRow, TaskRow
@@ -56,11 +61,14 @@ def submit(
     *,
     pin_instance: str | None = None,
     max_retry: int | None = None,
+    published_at: float | None = None,
 ) -> tuple[TaskRow, bool]:
     """Create the task (or return the existing one with this task_id): (row, created).
 
     ``pin_instance`` (broadcasts) delivers to that instance only; ``max_retry`` overrides
-    the router's retry budget for this task.
+    the router's retry budget for this task. ``published_at`` marks the first attempt as
+    published in this same transaction, for a caller that publishes right after commit
+    and un-marks it if that fails (one transaction instead of two on the hot path).
     """
     target = target_of(req)
     if pin_instance:
@@ -79,7 +87,7 @@ def submit(
                     task_id=req.task_id,
                 )
             return existing, False
-    _check_target(session, req)
+    _check_target(session, req, now)
     task_id = req.task_id or f"t-{uuid.uuid4().hex}"
     trace = (
         req.trace.model_dump()
@@ -105,6 +113,7 @@ def submit(
         redeliveries=0,
         deferrals=0,
         max_retry=max_retry,
+        last_published_at=published_at,
     )
     session.add(row)
     session.add(
@@ -125,14 +134,16 @@ def submit(
             message={"task_id": task_id, "attempt_seq": 1},
             created_at=now,
             available_at=now,
+            published_at=published_at,
         )
     )
     session.flush()
     return row, True
 
 
-def _check_target(session: Session, req: SubmitRequest) -> None:
-    """At least one registered agent must match and accept the payload."""
+def _check_target(session: Session, req: SubmitRequest, now: float) -> None:
+    """At least one registered agent must match and accept the payload, and not every
+    instance of the matching agents may have its circuit breaker open."""
     flt = route_filter(req)
     query = select(AgentRow)
     if req.agent_id:
@@ -144,7 +155,7 @@ def _check_target(session: Session, req: SubmitRequest) -> None:
         )
     }
     schema_errors: list[str] = []
-    matched = 0
+    matched: list[str] = []
     for agent in session.scalars(query):
         if agent.agent_id not in registered:
             continue
@@ -168,8 +179,9 @@ def _check_target(session: Session, req: SubmitRequest) -> None:
             if error:
                 schema_errors.append(f"{agent.agent_id}: {error}")
                 continue
-        matched += 1
+        matched.append(agent.agent_id)
     if matched:
+        _check_breakers(session, matched, now)
         return
     if schema_errors:
         raise InvalidPayload(
@@ -180,6 +192,31 @@ def _check_target(session: Session, req: SubmitRequest) -> None:
         f"no registered agent matches {flt.describe()} with method {req.method!r}",
         filter={k: v for k, v in target_of(req).items() if v},
         method=req.method,
+    )
+
+
+def _check_breakers(session: Session, agent_ids: list[str], now: float) -> None:
+    """Refuse with CircuitOpen when every registered instance of these agents is open."""
+    rows = session.execute(
+        select(InstanceRow.agent_id, InstanceRow.breaker_open_until)
+        .where(InstanceRow.agent_id.in_(agent_ids))
+        .where(InstanceRow.status != "deregistered")
+    ).all()
+    open_until = [
+        until
+        for _, until in rows
+        if until is not None and breaker_state(until, now) is BreakerState.OPEN
+    ]
+    if not rows or len(open_until) < len(rows):
+        return
+    next_trial = min(open_until)
+    names = ", ".join(sorted(set(agent_ids)))
+    raise CircuitOpen(
+        f"the circuit breaker of every instance of {names} is open after repeated failures; "
+        f"the next trial request is due in {max(0.0, next_trial - now):.1f}s",
+        agents=sorted(set(agent_ids)),
+        next_trial_at=next_trial,
+        retry_after=max(1, math.ceil(next_trial - now)),
     )
 
 

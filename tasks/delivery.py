@@ -11,7 +11,9 @@ from functools import lru_cache
 
 from celery import shared_task
 
+from reach.breaking import Breakers
 from reach.delivery import deliver_attempt
+from reach.registry import CandidateCache
 from reach.transport import AgentTransport
 
 
@@ -21,6 +23,14 @@ def transport() -> AgentTransport:
 
 
 _rng = random.Random()
+_breakers = Breakers()  # this worker process's failure windows (each prefork child its own)
+
+
+@lru_cache(maxsize=1)
+def candidates() -> CandidateCache:
+    from reach.worker_app import settings
+
+    return CandidateCache(settings.router.candidate_ttl)
 
 
 @shared_task(name="reach.deliver", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
@@ -37,6 +47,8 @@ def deliver(task_id: str, attempt_seq: int) -> None:
         dpolicy=ctx.delivery_policy,
         transport=transport(),
         rng=_rng,
+        breakers=_breakers,
+        candidates=candidates(),
     )
     if retry is not None:
         ctx.publish_attempts([retry])

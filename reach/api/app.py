@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from enum import StrEnum
 from typing import Annotated, Any, TypeVar
 
@@ -15,6 +18,7 @@ from reach.api.broadcasts import broadcast_router
 from reach.api.dagruns import dag_router
 from reach.api.problems import BodyLimitMiddleware, install_problem_handlers
 from reach.api.tasks import dead_letter_router, task_router
+from reach.completions import Waiters
 from reach.context import HubContext
 from reach.health import InstanceStatus
 from reach.schemas import (
@@ -38,7 +42,18 @@ class Surface(StrEnum):
 
 
 def create_app(ctx: HubContext, surface: Surface = Surface.ALL) -> FastAPI:
+    waiters = Waiters()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        waiters.start(ctx.completions, asyncio.get_running_loop())
+        try:
+            yield
+        finally:
+            waiters.stop()
+
     app = FastAPI(
+        lifespan=lifespan,
         title="Agent-Reach hub" + ("" if surface is Surface.ALL else f" ({surface.value})"),
         version="0.1.0",
         description="Registry, reachability and delivery between AI agents.",
@@ -49,8 +64,8 @@ def create_app(ctx: HubContext, surface: Surface = Surface.ALL) -> FastAPI:
     app.include_router(_health_router(ctx))
     if surface in (Surface.ALL, Surface.PUBLIC):
         app.include_router(_agent_router(ctx))
-        app.include_router(task_router(ctx))
-        app.include_router(broadcast_router(ctx))
+        app.include_router(task_router(ctx, waiters))
+        app.include_router(broadcast_router(ctx, waiters))
     if surface in (Surface.ALL, Surface.ADMIN):
         app.include_router(_admin_router(ctx))
         app.include_router(_metrics_router(ctx))

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 from reach import broadcasting
 from reach.api.longpoll import long_poll
 from reach.canvas import fan_out
+from reach.completions import Waiters
 from reach.context import HubContext
 from reach.delivery import mark_published
 from reach.schemas import BroadcastRequest
@@ -18,7 +19,7 @@ from reach.schemas import BroadcastRequest
 MAX_WAIT_S = 60.0
 
 
-def broadcast_router(ctx: HubContext) -> APIRouter:
+def broadcast_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
     router = APIRouter(prefix="/v1/broadcasts", tags=["broadcasts"])
 
     @router.post("", status_code=201, responses={404: {}, 422: {}})
@@ -43,7 +44,14 @@ def broadcast_router(ctx: HubContext) -> APIRouter:
         broadcast_id: str, wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 0.0
     ) -> dict[str, Any]:
         """The aggregate; with ``wait``, hold until it is complete or time is up."""
-        return await long_poll(lambda: _read(ctx, broadcast_id), lambda v: v["complete"], wait)
+        keys = [t["task_id"] for t in _read(ctx, broadcast_id)["results"]] if wait else []
+        return await long_poll(
+            lambda: _read(ctx, broadcast_id),
+            lambda v: v["complete"],
+            wait,
+            waiters=waiters,
+            keys=keys,
+        )
 
     return router
 

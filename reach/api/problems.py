@@ -29,7 +29,10 @@ log = logging.getLogger("reach.api")
 def problem_response(error: ReachError, request: Request | None = None) -> JSONResponse:
     instance = request.url.path if request is not None else None
     return JSONResponse(
-        error.to_problem(instance), status_code=error.status, media_type=PROBLEM_JSON
+        error.to_problem(instance),
+        status_code=error.status,
+        media_type=PROBLEM_JSON,
+        headers=error.headers() or None,
     )
 
 

@@ -9,9 +9,11 @@ from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from reach import deadletters, delivery, submission
 from reach.api.longpoll import long_poll
+from reach.completions import Waiters
 from reach.context import HubContext
 from reach.delivery import Publish
 from reach.errors import UnknownTask
@@ -21,19 +23,46 @@ from reach.storage.models import TaskEventRow, TaskRow
 MAX_WAIT_S = 60.0
 
 
-def task_router(ctx: HubContext) -> APIRouter:
+def task_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
     router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
 
     @router.post("", status_code=201, responses={200: {}, 404: {}, 409: {}, 422: {}})
-    def submit(body: SubmitRequest) -> JSONResponse:
-        def work(session: Session) -> tuple[dict[str, Any], bool]:
-            row, created = submission.submit(session, body, ctx.clock.now())
-            return delivery.task_view(row), created
+    async def submit(
+        body: SubmitRequest, wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 0.0
+    ) -> JSONResponse:
+        """Accept the task; with ``wait`` > 0, also hold the request until it is terminal
+        or time is up (one round trip for a caller that wants the answer)."""
 
-        view, created = ctx.write(work)
-        if created:
-            ctx.publish_attempts([Publish(view["task_id"], 1, 0.0)])
-        return JSONResponse(view, status_code=201 if created else 200)
+        def accept() -> tuple[dict[str, Any], bool]:
+            def work(session: Session) -> tuple[dict[str, Any], bool]:
+                now = ctx.clock.now()
+                row, created = submission.submit(session, body, now, published_at=now)
+                return delivery.task_view(row), created
+
+            return ctx.write(work)
+
+        view, created = await run_in_threadpool(accept)
+        status = 201 if created else 200
+        task_id = view["task_id"]
+        if not wait:
+            if created:
+                await run_in_threadpool(ctx.publish_premarked, Publish(task_id, 1, 0.0))
+            return JSONResponse(view, status_code=status)
+        published = not created
+        views = iter([view])
+
+        def read() -> dict[str, Any]:
+            nonlocal published
+            if not published:  # inside the watch: a fast answer cannot slip past the waiter
+                ctx.publish_premarked(Publish(task_id, 1, 0.0))
+                published = True
+            first = next(views, None)
+            return first if first is not None else _read(ctx, task_id)
+
+        final = await long_poll(
+            read, _terminal, wait, waiters=waiters, keys=[task_id], carried=True
+        )
+        return JSONResponse(final, status_code=status)
 
     @router.get("/{task_id}", responses={404: {}})
     async def get_task(
@@ -41,7 +70,12 @@ def task_router(ctx: HubContext) -> APIRouter:
     ) -> dict[str, Any]:
         """The task; with ``wait`` > 0, hold the request until it is terminal or time is up."""
         return await long_poll(
-            lambda: _read(ctx, task_id), lambda v: v["status"] in submission.TERMINAL, wait
+            lambda: _read(ctx, task_id),
+            _terminal,
+            wait,
+            waiters=waiters,
+            keys=[task_id],
+            carried=True,
         )
 
     @router.post("/{task_id}/result", responses={404: {}})
@@ -125,6 +159,10 @@ def dead_letter_router(ctx: HubContext) -> APIRouter:
         }
 
     return router
+
+
+def _terminal(view: dict[str, Any]) -> bool:
+    return view["status"] in submission.TERMINAL
 
 
 def _read(ctx: HubContext, task_id: str) -> dict[str, Any]:

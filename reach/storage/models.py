@@ -85,10 +85,13 @@ class InstanceRow(Base):
     in_flight_rise_streak: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     alerts: Mapped[list[str]] = mapped_column(JSON, default=list, server_default="[]")
     status_reason: Mapped[str] = mapped_column(Text, default="", server_default="")
+    # circuit breaker (reach.breaker): out of the routing pool while now < breaker_open_until
+    breaker_open_until: Mapped[float | None] = mapped_column(Double, nullable=True)
+    breaker_opened_at: Mapped[float | None] = mapped_column(Double, nullable=True)
 
 
 class InstanceEventRow(Base):
-    """What happened to an instance: status transitions and alerts (the operator's trail)."""
+    """What happened to an instance: status transitions, alerts and breaker transitions."""
 
     __tablename__ = "instance_events"
     __table_args__ = (Index("ix_instance_events_instance_at", "instance_id", "at"),)

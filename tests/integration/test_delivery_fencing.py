@@ -12,6 +12,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from reach import outbox, registry, submission
+from reach.breaking import Breakers
 from reach.clock import ManualClock
 from reach.delivery import DeliveryPolicy, Publish, deliver_attempt
 from reach.monitoring import Policy
@@ -65,6 +66,7 @@ def attempt(
         dpolicy=DeliveryPolicy.from_settings(SETTINGS),
         transport=AgentTransport(),
         rng=random.Random(1),
+        breakers=Breakers(),
     )
 
 

@@ -35,3 +35,12 @@ def test_downgrade_to_base_and_upgrade_again(engine: Engine, store_url: str) -> 
     upgrade_database(store_url)
     upgrade_database(store_url)  # idempotent
     assert TABLES <= set(inspect(engine).get_table_names())
+
+
+def test_breaker_columns_come_and_go_with_0006(engine: Engine, store_url: str) -> None:
+    breaker = {"breaker_open_until", "breaker_opened_at"}
+    downgrade_database(store_url, "0005")
+    assert not breaker & {c["name"] for c in inspect(engine).get_columns("instances")}
+    upgrade_database(store_url)
+    assert breaker <= {c["name"] for c in inspect(engine).get_columns("instances")}
+    assert database_revision_problem(store_url) is None

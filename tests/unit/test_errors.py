@@ -11,6 +11,7 @@ import reach.errors as errors_module
 from reach.errors import (
     PROBLEM_TYPE_PREFIX,
     BusinessError,
+    CircuitOpen,
     HubUnavailable,
     ReachError,
     error_for_problem,
@@ -136,3 +137,21 @@ def test_unknown_problem_type(
 def test_business_error_with_a_non_integer_code() -> None:
     problem = {"type": BusinessError.problem_type(), "detail": "d", "code": "E42"}
     assert isinstance(error_for_problem(problem, 422), ReachError)
+
+
+@pytest.mark.parametrize(
+    ("extra", "headers"),
+    [
+        ({"retry_after": 3}, {"Retry-After": "3"}),
+        ({"retry_after": 2.2}, {"Retry-After": "3"}),  # whole seconds, rounded up
+        ({"retry_after": 0}, {"Retry-After": "1"}),
+        ({}, {}),
+        ({"retry_after": "soon"}, {}),
+    ],
+)
+def test_circuit_open_says_when_to_retry(extra: dict[str, Any], headers: dict[str, str]) -> None:
+    error = CircuitOpen("every instance of a is open", **extra)
+    assert (error.status, error.problem_type()) == (503, PROBLEM_TYPE_PREFIX + "circuit-open")
+    assert error.headers() == headers
+    rebuilt = error_for_problem(json.loads(json.dumps(error.to_problem())), 503)
+    assert isinstance(rebuilt, CircuitOpen) and rebuilt.headers() == headers

@@ -17,6 +17,7 @@ EXPECTED_ALL = [
     "BroadcastResult",
     "BusinessError",
     "Capability",
+    "CircuitOpen",
     "ConfigError",
     "DagError",
     "DeadLettered",

@@ -40,6 +40,10 @@ def dig(settings: Settings, dotted: str) -> Any:
         ("heartbeat.missed_intervals", 3),
         ("probe.interval", 5.0),
         ("router.max_retry", 5),
+        ("router.breaker_window", 10),
+        ("router.breaker_failure_ratio", 0.5),
+        ("router.breaker_min_volume", 20),
+        ("router.breaker_trial_interval", 30.0),
     ],
 )
 def test_defaults(key: str, expected: Any) -> None:
@@ -184,6 +188,8 @@ def test_an_empty_config_file_means_defaults(tmp_path: Path, text: str) -> None:
         ("REACH_SERVER__HOST", "10.0.0.1", "server.host", None),
         ("REACH_PROBE__INTERVAL", "0.5", "probe.interval", 0.5),
         ("REACH_HEARTBEAT__MISSED_INTERVALS", "7", "heartbeat.missed_intervals", 7),
+        ("REACH_ROUTER__BREAKER_MIN_VOLUME", "0", "router.breaker_min_volume", 0),
+        ("REACH_ROUTER__BREAKER_TRIAL_INTERVAL", "2.5", "router.breaker_trial_interval", 2.5),
         ("reach_server__port", "9501", "server.port", 9000),  # the prefix is case-sensitive
     ],
 )
@@ -237,6 +243,15 @@ def test_unrelated_environment_is_ignored(environ: dict[str, str]) -> None:
         ("", {"REACH_SERVER__PORT": "0"}, "REACH_SERVER__PORT", "greater"),
         ("", {"REACH_SERVER__PORT": "70000"}, "REACH_SERVER__PORT", "less"),
         ("", {"REACH_SERVER__BOGUS": "1"}, "REACH_SERVER__BOGUS", "Extra inputs"),
+        ("router:\n  breaker_window: 0\n", {}, "router.breaker_window", "greater than"),
+        ("router:\n  breaker_failure_ratio: 1\n", {}, "router.breaker_failure_ratio", "less"),
+        ("router:\n  breaker_min_volume: -1\n", {}, "router.breaker_min_volume", "greater"),
+        (
+            "",
+            {"REACH_ROUTER__BREAKER_TRIAL_INTERVAL": "0"},
+            "REACH_ROUTER__BREAKER_TRIAL_INTERVAL",
+            "greater than 0",
+        ),
         ("server: 5\n", {"REACH_SERVER__PORT": "1"}, "REACH_SERVER__PORT", "non-section"),
         ("server:\n  port: 9000\n", {"REACH_SERVER__PORT": "x"}, "REACH_SERVER__PORT", "integer"),
     ],

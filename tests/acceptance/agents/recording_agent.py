@@ -21,6 +21,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--port", type=int, required=True)
 parser.add_argument("--hub", required=True)
 parser.add_argument("--agent-id", default="recorder")
+parser.add_argument("--instance-id", default=None, help="keep one identity across restarts")
 parser.add_argument("--mode", default="sync")
 parser.add_argument("--delay", type=float, default=0.0)
 parser.add_argument("--log", required=True)
@@ -33,6 +34,7 @@ args = parser.parse_args()
 agent = reach.Agent(
     args.agent_id,
     addr=f"127.0.0.1:{args.port}",
+    instance_id=args.instance_id,
     allow_loopback=True,
     tags=["recorder"],
     capabilities=[{"type": "work.do", "params_schema": {"type": "object"}}],

@@ -1,0 +1,251 @@
+"""``python -m bench`` / ``reach bench``: run the table and write it down."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import report, scenarios
+from bench.processes import REPO, Hub, flush_redis, spawn
+from bench.stats import Summary, Target, ratio
+
+ALL = (
+    "single_hop",
+    "baselines",
+    "max_throughput",
+    "two_hop",
+    "broadcast5",
+    "inflight2000",
+    "fault",
+)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    p.add_argument("--quick", action="store_true", help="a smoke check in under 2 minutes")
+    p.add_argument("--only", nargs="*", choices=ALL, help="run only these parts")
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    p.add_argument("--worker-pool", default="prefork", choices=("threads", "prefork"))
+    p.add_argument("--worker-concurrency", type=int, default=None)
+    p.add_argument("--keep-logs", action="store_true", help="keep the processes' logs")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    result = run(args)
+    paths = report.write(result, args.out)
+    print(report.markdown(result))
+    print(
+        "written: "
+        + ", ".join(
+            str(p.relative_to(Path.cwd()) if p.is_relative_to(Path.cwd()) else p) for p in paths
+        )
+    )
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    plan = scenarios.Plan(quick=args.quick)
+    parts = set(args.only or ALL)
+    home = Path(tempfile.mkdtemp(prefix="reach-bench-"))
+    concurrency = args.worker_concurrency or (16 if args.worker_pool == "threads" else 4)
+    started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    t0 = time.monotonic()
+    hub = Hub(home, worker_concurrency=concurrency, pool=args.worker_pool)
+    result: dict[str, Any] = {
+        "meta": {
+            "command": "python -m bench" + (" --quick" if args.quick else ""),
+            "started": started,
+            "quick": args.quick,
+            "machine": f"{os.cpu_count()} cores, {platform.python_implementation()} "
+            f"{platform.python_version()}, everything on one box",
+            "worker": f"{args.worker_pool} x{concurrency}",
+        },
+        "scenarios": {},
+        "baselines": {},
+        "max_throughput": None,
+        "details": {},
+    }
+    try:
+        hub.start()
+        bench = scenarios.Bench(hub, home, plan)
+        out = result["scenarios"]
+        log = _progress(t0)
+        if "single_hop" in parts:
+            out["single_hop"] = scenarios.hub_single(
+                bench, plan.single_rate, plan.duration
+            ).as_dict()
+            log("single_hop", out["single_hop"])
+        if "max_throughput" in parts:
+            best, steps = scenarios.max_throughput(
+                lambda r, d: scenarios.hub_single(bench, r, d, name="max"),
+                plan.max_rates,
+                plan.step_duration,
+            )
+            result["max_throughput"] = round(best, 1)
+            result["details"]["max_throughput_steps"] = steps
+            log("max_throughput", {"rate": best})
+        if "baselines" in parts:
+            result["baselines"] = _baselines(bench, plan, home, log)
+        if "two_hop" in parts:
+            out["two_hop"] = scenarios.two_hop(bench).as_dict()
+            log("two_hop", out["two_hop"])
+        if "broadcast5" in parts:
+            out["broadcast5"] = scenarios.broadcast5(bench).as_dict()
+            log("broadcast5", out["broadcast5"])
+        if "inflight2000" in parts:
+            summary, detail = scenarios.inflight(bench, result["max_throughput"] or 0.0)
+            out["inflight2000"] = summary.as_dict()
+            result["details"]["inflight2000"] = detail
+            log("inflight2000", {**out["inflight2000"], **detail})
+        if "fault" in parts:
+            summary, detail = scenarios.fault(bench)
+            out["fault"] = summary.as_dict()
+            result["details"]["fault"] = detail
+            log("fault", {**out["fault"], "outcomes": detail["outcomes"]})
+        bench.stop_agents()
+    finally:
+        hub.stop()
+        if not args.keep_logs:
+            shutil.rmtree(home, ignore_errors=True)
+        else:
+            print(f"logs kept in {home}", file=sys.stderr)
+    result["ratios"] = _ratios(result)
+    result["targets"] = [t.as_dict() for t in targets(result)]
+    result["meta"]["wall_s"] = round(time.monotonic() - t0, 1)
+    return result
+
+
+def _baselines(
+    bench: scenarios.Bench, plan: scenarios.Plan, home: Path, log: Any
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    direct = scenarios.direct_single(bench, plan.single_rate, plan.duration).as_dict()
+    best, _ = scenarios.max_throughput(
+        lambda r, d: scenarios.direct_single(bench, r, d), plan.max_rates, plan.step_duration
+    )
+    out["direct_http"] = {**direct, "max_throughput": round(best, 1)}
+    log("baseline direct_http", out["direct_http"])
+    url = os.environ.get("BENCH_CELERY_URL", "redis://127.0.0.1:6379/11")
+    flush_redis(url)
+    worker = spawn(
+        "plain-celery",
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "bench.plain_celery",
+            "worker",
+            "-c",
+            "2",
+            "--pool",
+            "prefork",
+            "--loglevel",
+            "WARNING",
+            "--without-gossip",
+            "--without-mingle",
+        ],
+        {**os.environ, "BENCH_CELERY_URL": url},
+        home,
+    )
+    try:
+        time.sleep(3)
+        celery = scenarios.celery_single(bench, plan.single_rate, plan.duration).as_dict()
+        best, _ = scenarios.max_throughput(
+            lambda r, d: scenarios.celery_single(bench, r, d), plan.max_rates, plan.step_duration
+        )
+        out["plain_celery"] = {**celery, "max_throughput": round(best, 1)}
+        log("baseline plain_celery", out["plain_celery"])
+    finally:
+        worker.stop()
+    return out
+
+
+def _ratios(result: dict[str, Any]) -> dict[str, Any]:
+    hub = result["scenarios"].get("single_hop") or {}
+    base = result.get("baselines") or {}
+    out: dict[str, Any] = {}
+    for name, row in base.items():
+        out[f"p50 vs {name}"] = _r(ratio(hub.get("p50_ms") or 0, row.get("p50_ms") or 0))
+        out[f"p99 vs {name}"] = _r(ratio(hub.get("p99_ms") or 0, row.get("p99_ms") or 0))
+        out[f"max throughput vs {name}"] = _r(
+            ratio(result.get("max_throughput") or 0, row.get("max_throughput") or 0)
+        )
+    return out
+
+
+def _r(value: float) -> float | None:
+    return None if value != value else round(value, 2)
+
+
+def targets(result: dict[str, Any]) -> list[Target]:
+    """The issue's targets for this machine, checked against what was measured."""
+    s = result["scenarios"]
+    nan = float("nan")
+
+    def get(name: str, col: str) -> float:
+        value = (s.get(name) or {}).get(col)
+        return nan if value is None else float(value)
+
+    out = []
+    if result.get("max_throughput") is not None:
+        out.append(Target("max single-hop throughput, msg/s", result["max_throughput"], 200, False))
+    if "single_hop" in s:
+        out += [
+            Target("single hop @100/s p50 ms", get("single_hop", "p50_ms"), 15),
+            Target("single hop @100/s p99 ms", get("single_hop", "p99_ms"), 50),
+        ]
+    if "two_hop" in s:
+        out.append(Target("two hops @50/s p99 ms", get("two_hop", "p99_ms"), 100))
+    if "broadcast5" in s:
+        out += [
+            Target("broadcast to 5 @20/s p50 ms", get("broadcast5", "p50_ms"), 60),
+            Target("broadcast to 5 @20/s p99 ms", get("broadcast5", "p99_ms"), 150),
+        ]
+    detail = result["details"].get("inflight2000")
+    if detail:
+        out += [
+            Target("in-flight run wall time s", detail["wall_s"], detail["wall_limit_s"]),
+            Target("in-flight run lost tasks", get("inflight2000", "lost"), 0),
+            Target("in-flight run hub peak RSS MB", get("inflight2000", "peak_rss_mb"), 1024),
+        ]
+    fault = result["details"].get("fault")
+    if fault:
+        out += [
+            Target("fault: peak rate at failing agent ÷ normal", fault["peak_to_normal"] or nan, 2),
+            Target(
+                "fault: callers left hanging",
+                fault["outcomes"].get("gave_up", 0) + fault["outcomes"].get("error", 0),
+                0,
+            ),
+            Target("fault run lost tasks", get("fault", "lost"), 0),
+        ]
+    for name in s:
+        if name not in ("inflight2000", "fault"):
+            out.append(Target(f"{name} lost tasks", get(name, "lost"), 0))
+    return out
+
+
+def _progress(t0: float) -> Any:
+    def log(name: str, row: dict[str, Any]) -> None:
+        keep = {
+            k: v
+            for k, v in row.items()
+            if k
+            in ("rate", "p50_ms", "p99_ms", "errors", "lost", "peak_rss_mb", "wall_s", "outcomes")
+        }
+        print(f"[{time.monotonic() - t0:6.1f}s] {name}: {keep}", file=sys.stderr, flush=True)
+
+    return log
+
+
+__all__ = ["Summary", "main"]

@@ -1,0 +1,149 @@
+"""Writing a run down: ``latest.json`` (the contract), a Markdown table and PNG plots."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+SCENARIOS = ("single_hop", "two_hop", "broadcast5", "inflight2000", "fault")
+COLUMNS = ("rate", "p50_ms", "p95_ms", "p99_ms", "errors", "lost", "peak_rss_mb")
+FIELD = {  # the field's published figures (three servers), for the table
+    "single_hop": "500 QPS: p50 45 / p95 90 / p99 180 ms",
+    "two_hop": "200 QPS: p50 220 / p99 920 ms",
+    "broadcast5": "50 QPS: p50 1,200 / p99 3,600 ms",
+    "inflight2000": "1 s agent, after tuning: p99 920 ms",
+    "fault": "failing agent saw 15x its rate (30 → 470 req/s)",
+}
+
+
+def write(result: dict[str, Any], out: Path) -> list[Path]:
+    """Write ``latest.json``, a dated copy, ``latest.md`` and the plots; return the paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = result["meta"]["started"].replace(":", "").replace("-", "")[:15]
+    kind = "quick" if result["meta"]["quick"] else "full"
+    body = json.dumps(result, indent=2, sort_keys=False) + "\n"
+    paths = [out / "latest.json", out / f"{stamp}-{kind}.json", out / "latest.md"]
+    paths[0].write_text(body)
+    paths[1].write_text(body)
+    paths[2].write_text(markdown(result))
+    paths += plot(result, out)
+    return paths
+
+
+def _fmt(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.1f}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def markdown(result: dict[str, Any]) -> str:
+    meta = result["meta"]
+    lines = [
+        f"Command: `{meta['command']}` — {meta['started']} — {meta['machine']}",
+        "",
+        "| scenario | offered /s | rate /s | p50 ms | p95 ms | p99 ms | errors | lost "
+        "| hub peak RSS MB | the field |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name in SCENARIOS:
+        row = result["scenarios"].get(name)
+        if row is None:
+            continue
+        cells = [_fmt(row.get(c)) for c in COLUMNS]
+        lines.append(
+            f"| {name} | {_fmt(row.get('offered_rate'))} | "
+            + " | ".join(cells)
+            + f" | {FIELD[name]} |"
+        )
+    base = result.get("baselines") or {}
+    if base:
+        lines += ["", "Baselines (same client, same mock agent, same rate as single_hop):", ""]
+        lines += ["| path | rate /s | p50 ms | p95 ms | p99 ms | errors | max throughput /s |"]
+        lines += ["|---|---|---|---|---|---|---|"]
+        for name, row in base.items():
+            lines.append(
+                f"| {name} | {_fmt(row.get('rate'))} | {_fmt(row.get('p50_ms'))} "
+                f"| {_fmt(row.get('p95_ms'))} | {_fmt(row.get('p99_ms'))} "
+                f"| {_fmt(row.get('errors'))} | {_fmt(row.get('max_throughput'))} |"
+            )
+    ratios = result.get("ratios") or {}
+    if ratios:
+        lines += ["", "Hub ÷ baseline: " + ", ".join(f"{k} {_fmt(v)}" for k, v in ratios.items())]
+    lines += [
+        "",
+        f"Max sustainable single-hop throughput: {_fmt(result.get('max_throughput'))} msg/s",
+    ]
+    targets = result.get("targets") or []
+    if targets:
+        lines += ["", "| target | value | limit | met |", "|---|---|---|---|"]
+        for t in targets:
+            sign = "≤" if t["at_most"] else "≥"
+            lines.append(
+                f"| {t['name']} | {_fmt(t['value'])} | {sign} {_fmt(t['limit'])} "
+                f"| {'yes' if t['met'] else '**no**'} |"
+            )
+    fault = (result.get("details") or {}).get("fault")
+    if fault:
+        lines += [
+            "",
+            f"Fault run: normal {_fmt(fault['normal_rate'])} req/s at the agent; during the "
+            f"outage peak {_fmt(fault['outage_peak_rate'])}, "
+            f"mean {_fmt(fault['outage_mean_rate'])} req/s; callers: {fault['outcomes']}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict[str, Any], out: Path) -> list[Path]:
+    """Latency percentiles per scenario, and the fault run's timeline at the agent."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    names = [n for n in SCENARIOS if n in result["scenarios"]]
+    rows = [result["scenarios"][n] for n in names]
+    base = result.get("baselines") or {}
+    names += [f"baseline: {n}" for n in base]
+    rows += list(base.values())
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    width = 0.27
+    for k, col in enumerate(("p50_ms", "p95_ms", "p99_ms")):
+        values = [r.get(col) or 0 for r in rows]
+        ax.bar([i + (k - 1) * width for i in range(len(rows))], values, width, label=col)
+    ax.set_xticks(range(len(rows)), names, rotation=20, ha="right")
+    ax.set_yscale("log")
+    ax.set_ylabel("end-to-end latency, ms (log)")
+    ax.set_title("Agent-Reach on 2 cores: latency percentiles per scenario")
+    ax.legend()
+    fig.tight_layout()
+    paths.append(out / "latency.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fault = (result.get("details") or {}).get("fault")
+    if fault:
+        fig, ax = plt.subplots(figsize=(9, 3.5))
+        series = fault["timeline_per_s"]
+        ax.plot(range(len(series)), series, drawstyle="steps-post", label="requests at the agent")
+        ax.axvspan(
+            fault["outage_from_s"],
+            fault["outage_to_s"],
+            alpha=0.15,
+            color="red",
+            label="agent down (503)",
+        )
+        ax.axhline(2 * fault["normal_rate"], linestyle="--", color="grey", label="2x normal")
+        ax.set_xlabel("seconds")
+        ax.set_ylabel("req/s")
+        ax.set_title("Fault run: request rate reaching the failing agent")
+        ax.legend(loc="upper right")
+        fig.tight_layout()
+        paths.append(out / "fault.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    return paths

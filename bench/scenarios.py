@@ -1,0 +1,404 @@
+"""The scenarios of the table. Each starts what it needs, offers load, and returns numbers.
+
+Every hub scenario uses client-chosen task ids with a scenario prefix, so after the run
+the store itself says how many accepted tasks never reached a terminal state (``lost``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, text
+
+from bench import clients
+from bench.loadgen import Job, run_open_loop
+from bench.processes import Hub, MockAgent, PeakRss, wait_routable
+from bench.stats import Sample, Summary, summarise, sustainable
+
+TERMINAL = ("success", "failed", "dead", "cancelled")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How long and how hard: ``quick`` is a smoke check, the full run is the table."""
+
+    quick: bool
+    single_rate: float = 100.0
+    two_hop_rate: float = 50.0
+    broadcast_rate: float = 20.0
+    inflight: int = 2000
+    fault_rate: float = 30.0
+    fault_callers: int = 20
+    fault_wait: float = 15.0  # how long a fault-run caller waits for its answer
+
+    @property
+    def duration(self) -> float:
+        return 6.0 if self.quick else 30.0
+
+    @property
+    def step_duration(self) -> float:
+        return 5.0 if self.quick else 10.0
+
+    @property
+    def max_rates(self) -> list[float]:
+        return [150.0, 250.0] if self.quick else [150.0, 200.0, 250.0, 300.0, 350.0, 400.0, 500.0]
+
+    @property
+    def fault_phases(self) -> tuple[float, float, float]:
+        """Seconds before, during and after the outage."""
+        return (4.0, 10.0, 6.0) if self.quick else (10.0, 40.0, 15.0)
+
+    @property
+    def inflight_tasks(self) -> int:
+        return 500 if self.quick else self.inflight
+
+
+@dataclass
+class Bench:
+    """What every scenario shares: the hub, a place for logs, and the store to audit."""
+
+    hub: Hub
+    home: Path
+    plan: Plan
+    agents: dict[str, list[MockAgent]] = field(default_factory=dict)
+    _seq: itertools.count[int] = field(default_factory=itertools.count)
+
+    def agent(
+        self, agent_id: str, count: int = 1, *, mode: str = "sync", latency: float = 0.0, **kw: Any
+    ) -> list[MockAgent]:
+        if agent_id not in self.agents:
+            self.agents[agent_id] = [
+                MockAgent(self.hub.url, agent_id, self.home, mode, latency, **kw).start()
+                for _ in range(count)
+            ]
+            wait_routable(self.hub.url, [agent_id])
+        return self.agents[agent_id]
+
+    def stop_agents(self) -> None:
+        for agents in self.agents.values():
+            for agent in agents:
+                agent.stop()
+        self.agents.clear()
+
+    def lost(self, prefix: str, drain: float = 30.0) -> int:
+        """Accepted tasks with this id prefix that are still not terminal after ``drain``."""
+        engine = create_engine(self.hub.env["REACH_DATABASE_URL"])
+        try:
+            deadline = time.monotonic() + drain
+            while True:
+                with engine.connect() as conn:
+                    open_tasks = conn.execute(
+                        text(
+                            "SELECT count(*) FROM tasks WHERE task_id LIKE :p "
+                            "AND status NOT IN ('success','failed','dead','cancelled')"
+                        ),
+                        {"p": prefix + "%"},
+                    ).scalar_one()
+                if not open_tasks or time.monotonic() >= deadline:
+                    return int(open_tasks)
+                time.sleep(0.5)
+        finally:
+            engine.dispose()
+
+    def measure(
+        self, name: str, job: Job, rate: float, duration: float, *, max_threads: int = 256
+    ) -> tuple[list[Sample], float, float]:
+        """Warm up briefly, then run the measured load; returns (samples, wall, peak MB)."""
+        run_open_loop(job, min(rate, 20.0), 1.0, max_threads=max_threads)
+        with PeakRss(self.hub.pids()) as rss:
+            samples, wall = run_open_loop(job, rate, duration, max_threads=max_threads)
+        return samples, wall, rss.peak_mb
+
+    def prefix(self, name: str) -> str:
+        return f"{name}-{next(self._seq)}-"
+
+
+def _ids(prefix: str) -> Callable[[int], str]:
+    return lambda i: f"{prefix}{i}"
+
+
+def hub_single(bench: Bench, rate: float, duration: float, name: str = "single") -> Summary:
+    bench.agent("echo")
+    prefix = bench.prefix(name)
+    task_id = _ids(prefix)
+
+    def job(i: int) -> None:
+        clients.hub_call(
+            bench.hub.url,
+            {
+                "agent_id": "echo",
+                "method": "bench.echo",
+                "payload": {"i": i},
+                "task_id": task_id(i),
+            },
+        )
+
+    samples, wall, peak = bench.measure(name, job, rate, duration)
+    return summarise(samples, wall, offered_rate=rate, lost=bench.lost(prefix), peak_rss_mb=peak)
+
+
+def direct_single(bench: Bench, rate: float, duration: float) -> Summary:
+    (echo,) = bench.agent("echo")
+    prefix = bench.prefix("direct")
+
+    def job(i: int) -> None:
+        clients.direct_call(echo.url, f"{prefix}{i}", {"i": i})
+
+    samples, wall, _ = bench.measure("direct", job, rate, duration)
+    return summarise(samples, wall, offered_rate=rate)
+
+
+def celery_single(bench: Bench, rate: float, duration: float) -> Summary:
+    (echo,) = bench.agent("echo")
+    prefix = bench.prefix("celery")
+
+    def job(i: int) -> None:
+        clients.celery_call(echo.url, f"{prefix}{i}", {"i": i})
+
+    samples, wall, _ = bench.measure("celery", job, rate, duration)
+    return summarise(samples, wall, offered_rate=rate)
+
+
+def two_hop(bench: Bench) -> Summary:
+    bench.agent("echo")
+    bench.agent("front", mode="forward", forward_to="echo")
+    prefix = bench.prefix("twohop")
+    rate, duration = bench.plan.two_hop_rate, bench.plan.duration
+
+    def job(i: int) -> None:
+        clients.hub_call(
+            bench.hub.url,
+            {
+                "agent_id": "front",
+                "method": "bench.echo",
+                "payload": {"i": i},
+                "task_id": f"{prefix}{i}",
+            },
+        )
+
+    samples, wall, peak = bench.measure("two_hop", job, rate, duration)
+    return summarise(samples, wall, offered_rate=rate, lost=bench.lost(prefix), peak_rss_mb=peak)
+
+
+def broadcast5(bench: Bench) -> Summary:
+    for i in range(5):
+        bench.agent(f"fan-{i}")
+    rate, duration = bench.plan.broadcast_rate, bench.plan.duration
+
+    def job(i: int) -> None:
+        view = clients.broadcast_call(
+            bench.hub.url,
+            {
+                "tags": ["bench"],
+                "capability": "bench.echo",
+                "rules": {},
+                "method": "bench.echo",
+                "payload": {"i": i},
+            },
+        )
+        got = sum(1 for t in view["results"] if t["status"] == "success")
+        if got < 5:
+            raise clients.CallFailed(f"{got} of 5 targets answered")
+
+    samples, wall, peak = bench.measure("broadcast5", job, rate, duration)
+    return summarise(samples, wall, offered_rate=rate, lost=bench.lost("b-"), peak_rss_mb=peak)
+
+
+def inflight(bench: Bench, max_throughput: float) -> tuple[Summary, dict[str, Any]]:
+    """``inflight_tasks`` submitted at once to agents that answer 202 and report after 1 s."""
+    bench.agent("slow", 2, mode="accept", latency=1.0)
+    count = bench.plan.inflight_tasks
+    prefix = bench.prefix("inflight")
+
+    def job(i: int) -> None:
+        clients.hub_call(
+            bench.hub.url,
+            {
+                "agent_id": "slow",
+                "method": "bench.echo",
+                "payload": {"i": i},
+                "task_id": f"{prefix}{i}",
+                "timeout_ms": 120_000,
+            },
+            wait=60,
+        )
+
+    with PeakRss(bench.hub.pids()) as rss:
+        samples, wall = run_open_loop(job, count / 0.5, 0.5, max_threads=count)
+    summary = summarise(
+        samples, wall, offered_rate=count / 0.5, lost=bench.lost(prefix), peak_rss_mb=rss.peak_mb
+    )
+    limit = 1.0 + 1.25 * count / max_throughput if max_throughput else float("nan")
+    return summary, {"tasks": count, "wall_s": round(wall, 2), "wall_limit_s": round(limit, 2)}
+
+
+def max_throughput(
+    run: Callable[[float, float], Summary], rates: list[float], duration: float
+) -> tuple[float, list[dict[str, Any]]]:
+    """The highest offered rate that was sustained; stops at the first that was not."""
+    best = 0.0
+    steps = []
+    for rate in rates:
+        summary = run(rate, duration)
+        ok = sustainable(summary, rate)
+        steps.append({"offered": rate, "sustained": ok, **summary.as_dict()})
+        if not ok:
+            break
+        best = max(best, summary.rate)
+    return best, steps
+
+
+class Tombstone:
+    """What answers on a dead agent's port: 503 to everything, counting every request."""
+
+    def __init__(self, port: int) -> None:
+        self.times: list[float] = []
+        times = self.times
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _answer(self) -> None:
+                if self.path.startswith("/tasks/"):
+                    times.append(time.time())
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                body = b'{"code": -1, "message": "down"}'
+                self.send_response(503)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def handle(self) -> None:
+                with contextlib.suppress(ConnectionError):
+                    super().handle()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def fault(bench: Bench) -> tuple[Summary, dict[str, Any]]:
+    """One agent down (503 on its port) for a while, ``fault_callers`` callers sending."""
+    (victim,) = bench.agent("flaky")
+    before, during, after = bench.plan.fault_phases
+    rate = bench.plan.fault_rate
+    prefix = bench.prefix("fault")
+    outcomes: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def job(i: int) -> None:
+        body = {
+            "agent_id": "flaky",
+            "method": "bench.echo",
+            "payload": {"i": i},
+            "task_id": f"{prefix}{i}",
+        }
+        try:
+            clients.hub_call(bench.hub.url, body, wait=bench.plan.fault_wait)
+            kind = "success"
+        except clients.CallFailed as exc:
+            kind = _fault_kind(str(exc))
+        except Exception:
+            kind = "error"
+        with lock:
+            outcomes[kind] = outcomes.get(kind, 0) + 1
+        if kind not in ("success", "fast_failure", "dead"):
+            raise clients.CallFailed(kind)
+
+    start = time.time()
+    tomb: Tombstone | None = None
+    result: dict[str, Any] = {}
+
+    def outage() -> None:
+        nonlocal tomb
+        time.sleep(before)
+        received_before = victim.received()
+        result["received_before"] = received_before
+        assert victim.proc is not None
+        victim.kill()
+        result["down_at"] = time.time()
+        tomb = Tombstone(victim.port)
+        time.sleep(during)
+        tomb.close()
+        result["up_at"] = time.time()
+        victim.start()
+
+    side = threading.Thread(target=outage, daemon=True)
+    side.start()
+    with PeakRss(bench.hub.pids()) as rss:
+        samples, wall = run_open_loop(
+            job, rate, before + during + after, max_threads=bench.plan.fault_callers
+        )
+    side.join()
+    end = time.time()
+    received_after = victim.received() if _alive(victim) else {}
+    assert tomb is not None
+    per_sec: dict[int, int] = {}
+    for source in (result["received_before"], received_after):
+        for sec, n in source.items():
+            per_sec[sec] = per_sec.get(sec, 0) + n
+    for t in tomb.times:
+        per_sec[int(t)] = per_sec.get(int(t), 0) + 1
+    first = int(start)
+    timeline = [per_sec.get(first + i, 0) for i in range(int(end) - first + 1)]
+    down = int(result["down_at"]) - first
+    up = int(result["up_at"]) - first
+    normal = timeline[1:down] or [0]
+    outage_counts = timeline[down:up] or [0]
+    normal_rate = sum(normal) / len(normal)
+    summary = summarise(
+        samples, wall, offered_rate=rate, lost=bench.lost(prefix, drain=60), peak_rss_mb=rss.peak_mb
+    )
+    return summary, {
+        "timeline_per_s": timeline,
+        "outage_from_s": down,
+        "outage_to_s": up,
+        "normal_rate": round(normal_rate, 2),
+        "outage_peak_rate": max(outage_counts),
+        "outage_mean_rate": round(sum(outage_counts) / len(outage_counts), 2),
+        "peak_to_normal": round(max(outage_counts) / normal_rate, 2) if normal_rate else None,
+        "outcomes": outcomes,
+        "callers": bench.plan.fault_callers,
+        "tombstone_requests": len(tomb.times),
+    }
+
+
+def _fault_kind(message: str) -> str:
+    """What a fault-run caller got: a fast refusal, a dead letter, or no answer in time."""
+    if "circuit-open" in message or "HTTP 503" in message:
+        return "fast_failure"
+    if "dead" in message:
+        return "dead"
+    if "ended" in message:
+        return "gave_up"
+    return "error"
+
+
+def _alive(agent: MockAgent) -> bool:
+    from bench.processes import wait_ok
+
+    try:
+        wait_ok(f"{agent.url}/healthz", timeout=15)
+    except RuntimeError:
+        return False
+    return True

@@ -1,0 +1,97 @@
+"""The written results follow the contract other tools read: ``latest.json`` with
+``scenarios``/``baselines``/``max_throughput``, a Markdown table and PNG plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from bench.cli import targets
+from bench.report import SCENARIOS, markdown, write
+
+
+def _row(p50: float, p99: float, lost: int = 0) -> dict[str, Any]:
+    return {
+        "rate": 100.0,
+        "p50_ms": p50,
+        "p95_ms": p99 * 0.8,
+        "p99_ms": p99,
+        "errors": 0,
+        "lost": lost,
+        "peak_rss_mb": 300.0,
+        "requests": 600,
+        "offered_rate": 100.0,
+    }
+
+
+def _result() -> dict[str, Any]:
+    return {
+        "meta": {
+            "command": "python -m bench",
+            "started": "2026-11-29T22:00:00+00:00",
+            "quick": False,
+            "machine": "2 cores",
+        },
+        "scenarios": {
+            "single_hop": _row(9.0, 30.0),
+            "two_hop": _row(20.0, 120.0),
+            "broadcast5": _row(30.0, 90.0),
+            "inflight2000": _row(1500.0, 8000.0),
+            "fault": _row(10.0, 40.0, lost=1),
+        },
+        "baselines": {
+            "direct_http": {**_row(3.0, 12.0), "max_throughput": 600.0},
+            "plain_celery": {**_row(8.0, 22.0), "max_throughput": 250.0},
+        },
+        "max_throughput": 240.0,
+        "details": {
+            "inflight2000": {"tasks": 2000, "wall_s": 9.0, "wall_limit_s": 11.4},
+            "fault": {
+                "timeline_per_s": [30, 31, 29, 40, 3, 0, 1, 0, 30],
+                "outage_from_s": 3,
+                "outage_to_s": 8,
+                "normal_rate": 30.0,
+                "outage_peak_rate": 40,
+                "outage_mean_rate": 8.8,
+                "peak_to_normal": 1.33,
+                "outcomes": {"success": 100, "fast_failure": 50},
+            },
+        },
+    }
+
+
+def test_files_follow_the_contract(tmp_path: Path) -> None:
+    paths = write(_result(), tmp_path)
+    latest = json.loads((tmp_path / "latest.json").read_text())
+    assert set(latest["scenarios"]) == set(SCENARIOS)
+    for row in latest["scenarios"].values():
+        assert {"rate", "p50_ms", "p95_ms", "p99_ms", "errors", "lost", "peak_rss_mb"} <= set(row)
+    assert latest["max_throughput"] == 240.0 and set(latest["baselines"]) == {
+        "direct_http",
+        "plain_celery",
+    }
+    pngs = [p for p in paths if p.suffix == ".png"]
+    assert {p.name for p in pngs} == {"latency.png", "fault.png"}
+    for png in pngs:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "latest.md").read_text() == markdown(latest)
+
+
+def test_markdown_quotes_every_scenario_and_baseline() -> None:
+    text = markdown(_result())
+    for name in (*SCENARIOS, "direct_http", "plain_celery"):
+        assert f"| {name} |" in text
+    assert "`python -m bench`" in text
+    assert "| 240.0 |" not in text and "240.0 msg/s" in text
+
+
+def test_targets_are_judged_against_the_issue() -> None:
+    verdicts = {t.name: t.met for t in targets(_result())}
+    assert verdicts["max single-hop throughput, msg/s"] is True
+    assert verdicts["single hop @100/s p50 ms"] is True
+    assert verdicts["two hops @50/s p99 ms"] is False  # 120 > 100
+    assert verdicts["broadcast to 5 @20/s p99 ms"] is True
+    assert verdicts["in-flight run wall time s"] is True
+    assert verdicts["fault: peak rate at failing agent ÷ normal"] is True
+    assert verdicts["fault run lost tasks"] is False  # one lost is one too many

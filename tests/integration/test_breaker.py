@@ -1,0 +1,236 @@
+"""The circuit breaker against a real store and a real agent endpoint, with a controlled
+clock: failures open it, an open breaker keeps deliveries away and refuses submits, one
+trial per interval goes through, and a successful trial closes it."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client import REGISTRY
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from reach import registry, submission
+from reach.breaking import Breakers, claim_trial
+from reach.clock import ManualClock
+from reach.delivery import DeliveryPolicy, Publish, deliver_attempt
+from reach.errors import CircuitOpen
+from reach.monitoring import Policy
+from reach.schemas import HeartbeatRequest, RegisterRequest, SubmitRequest
+from reach.settings import Settings
+from reach.storage import session_factory
+from reach.storage.models import InstanceEventRow, InstanceRow, TaskEventRow
+from reach.transport import AgentTransport
+from tests.conftest import snapshot
+from tests.support.envelope_server import EnvelopeServer
+
+SETTINGS = Settings.model_validate(
+    {
+        "router": {
+            "backoff_base": 0.5,
+            "read_timeout": 5,
+            "max_retry": 10,
+            "breaker_min_volume": 3,
+            "breaker_trial_interval": 30,
+        }
+    }
+)
+POLICY = Policy.from_settings(SETTINGS)
+DPOLICY = DeliveryPolicy.from_settings(SETTINGS)
+
+
+@pytest.fixture
+def sessions(engine: Engine) -> sessionmaker[Session]:
+    return session_factory(engine)
+
+
+@pytest.fixture
+def failing() -> Iterator[EnvelopeServer]:
+    server = EnvelopeServer(status=503)
+    yield server
+    server.close()
+
+
+class Hub:
+    """Submit and deliver in-process, as the API and one worker process would."""
+
+    def __init__(self, sessions: sessionmaker[Session], addr: str) -> None:
+        self.sessions = sessions
+        self.clock = ManualClock()
+        self.breakers = Breakers()
+        with sessions.begin() as s:
+            answer = registry.register(
+                s,
+                RegisterRequest(
+                    agent_id="flaky", addr=addr, allow_loopback=True, capabilities=[{"type": "m"}]
+                ),
+                self.clock.now(),
+                POLICY,
+            )
+        self.instance_id = answer.instance_id
+
+    def at(self, t: float) -> None:
+        """Move the clock; the agent keeps heart-beating (it is alive, only failing)."""
+        self.clock.set(t)
+        with self.sessions.begin() as s:
+            beat = HeartbeatRequest(agent_id="flaky", instance_id=self.instance_id)
+            registry.heartbeat(s, beat, t, POLICY)
+
+    def submit(self) -> str:
+        with self.sessions.begin() as s:
+            task, _ = submission.submit(
+                s, SubmitRequest(agent_id="flaky", method="m"), self.clock.now()
+            )
+            return task.task_id
+
+    def deliver(self, task_id: str, seq: int) -> Publish | None:
+        return deliver_attempt(
+            self.sessions,
+            task_id,
+            seq,
+            now=self.clock.now,
+            policy=POLICY,
+            dpolicy=DPOLICY,
+            transport=AgentTransport(),
+            rng=random.Random(1),
+            breakers=self.breakers,
+        )
+
+    def instance(self) -> InstanceRow:
+        with self.sessions() as s:
+            row = s.get(InstanceRow, self.instance_id)
+            assert row is not None
+            return row
+
+    def breaker_events(self) -> list[InstanceEventRow]:
+        with self.sessions() as s:
+            return list(
+                s.scalars(
+                    select(InstanceEventRow)
+                    .where(InstanceEventRow.kind.like("breaker%"))
+                    .order_by(InstanceEventRow.id)
+                )
+            )
+
+    def task_events(self, task_id: str) -> list[TaskEventRow]:
+        with self.sessions() as s:
+            rows = s.scalars(
+                select(TaskEventRow)
+                .where(TaskEventRow.task_id == task_id)
+                .order_by(TaskEventRow.id)
+            )
+            return list(rows)
+
+
+def opened_total() -> float:
+    return REGISTRY.get_sample_value("agentreach_breaker_open_total", {"agent_id": "flaky"}) or 0.0
+
+
+def test_failures_open_the_breaker_and_a_successful_trial_closes_it(
+    sessions: sessionmaker[Session], engine: Engine, failing: EnvelopeServer
+) -> None:
+    hub = Hub(sessions, failing.addr)
+    before = opened_total()
+    tasks = [hub.submit() for _ in range(3)]
+    retries = [hub.deliver(t, 1) for t in tasks]
+    assert all(r is not None for r in retries) and sum(failing.calls.values()) == 3
+
+    # three failures of three within the window: open until the first trial
+    opened_at = hub.clock.now()
+    row = hub.instance()
+    assert (row.breaker_open_until, row.breaker_opened_at) == (opened_at + 30, opened_at)
+    (event,) = hub.breaker_events()
+    assert event.kind == "breaker_open"
+    assert event.detail == {"failures": 3, "total": 3, "window_s": 10, "open_until": opened_at + 30}
+    assert opened_total() == before + 1
+    view = registry.instance_view(row, hub.clock.now(), POLICY)
+    assert view["breaker"] == "open"
+
+    # a new submit fails fast and writes nothing
+    untouched = snapshot(engine)
+    with pytest.raises(CircuitOpen) as refused:
+        hub.submit()
+    assert refused.value.extra["agents"] == ["flaky"]
+    assert refused.value.extra["retry_after"] == 30
+    assert refused.value.headers() == {"Retry-After": "30"}
+    assert snapshot(engine) == untouched
+
+    # retries of accepted tasks find no route: the agent hears nothing
+    hub.clock.advance(1)
+    first = retries[0]
+    assert first is not None
+    again = hub.deliver(first.task_id, first.attempt_seq)
+    assert again is not None and sum(failing.calls.values()) == 3
+    assert hub.task_events(first.task_id)[-1].detail["reason"] == "no_route"
+
+    # the trial is due: submits are accepted again, one delivery is the trial, it fails
+    hub.at(opened_at + 30)
+    trial_task = hub.submit()
+    assert hub.deliver(trial_task, 1) is not None
+    assert failing.calls[trial_task] == 1
+    dispatched = [e for e in hub.task_events(trial_task) if e.kind == "dispatched"]
+    assert dispatched[0].detail["breaker_trial"] is True
+    assert hub.instance().breaker_open_until == opened_at + 60  # open for another interval
+    assert [e.kind for e in hub.breaker_events()] == ["breaker_open"]  # not opened twice
+    # while that trial holds the breaker, nobody else gets through
+    assert hub.deliver(again.task_id, again.attempt_seq) is not None
+    assert sum(failing.calls.values()) == 4
+
+    # the agent recovers; the next trial succeeds and closes the breaker
+    failing.status = 200
+    hub.at(opened_at + 60)
+    healed = hub.submit()
+    assert hub.deliver(healed, 1) is None
+    row = hub.instance()
+    assert row.breaker_open_until is None
+    assert [e.kind for e in hub.breaker_events()] == ["breaker_open", "breaker_closed"]
+    # and traffic flows as usual
+    for _ in range(5):
+        assert hub.deliver(hub.submit(), 1) is None
+    assert hub.instance().breaker_open_until is None
+
+
+def test_exactly_one_of_racing_deliveries_claims_the_trial(
+    sessions: sessionmaker[Session], failing: EnvelopeServer
+) -> None:
+    hub = Hub(sessions, failing.addr)
+    due = hub.clock.now()
+    with sessions.begin() as s:
+        row = s.get(InstanceRow, hub.instance_id)
+        assert row is not None
+        row.breaker_open_until, row.breaker_opened_at = due, due - 30
+    start = threading.Barrier(4)
+    won: list[bool] = []
+
+    def race() -> None:
+        start.wait()
+        with sessions.begin() as s:
+            won.append(claim_trial(s, hub.instance_id, due, DPOLICY.breaker))
+
+    threads = [threading.Thread(target=race) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(won) == [False, False, False, True]
+    assert hub.instance().breaker_open_until == due + 30
+
+
+@pytest.mark.parametrize(("status", "code"), [(200, 7), (429, 0)], ids=["business", "429"])
+def test_answers_that_are_not_faults_never_open_it(
+    sessions: sessionmaker[Session], status: int, code: int
+) -> None:
+    """Business errors (the agent answered) and 429 (flow control) do not count as failures."""
+    server = EnvelopeServer(status=status, code=code)
+    try:
+        hub = Hub(sessions, server.addr)
+        for _ in range(6):
+            hub.deliver(hub.submit(), 1)
+        assert sum(server.calls.values()) == 6
+        assert hub.instance().breaker_open_until is None
+        assert hub.breaker_events() == []
+    finally:
+        server.close()
