@@ -30,7 +30,8 @@ ALL = (
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    p.add_argument("--quick", action="store_true", help="a smoke check in under 2 minutes")
+    p.add_argument("--quick", action="store_true", help="a check in under 2 minutes")
+    p.add_argument("--smoke", action="store_true", help="the smallest run of every scenario")
     p.add_argument("--only", nargs="*", choices=ALL, help="run only these parts")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     p.add_argument("--worker-pool", default="prefork", choices=("threads", "prefork"))
@@ -53,7 +54,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    plan = scenarios.Plan(quick=args.quick)
+    level = "smoke" if args.smoke else "quick" if args.quick else "full"
+    plan = scenarios.Plan(level=level)
     parts = set(args.only or ALL)
     home = Path(tempfile.mkdtemp(prefix="reach-bench-"))
     concurrency = args.worker_concurrency or (16 if args.worker_pool == "threads" else 4)
@@ -62,9 +64,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     hub = Hub(home, worker_concurrency=concurrency, pool=args.worker_pool)
     result: dict[str, Any] = {
         "meta": {
-            "command": "python -m bench" + (" --quick" if args.quick else ""),
+            "command": "python -m bench" + ("" if level == "full" else f" --{level}"),
             "started": started,
-            "quick": args.quick,
+            "quick": level != "full",
+            "level": level,
             "machine": f"{os.cpu_count()} cores, {platform.python_implementation()} "
             f"{platform.python_version()}, everything on one box",
             "worker": f"{args.worker_pool} x{concurrency}",

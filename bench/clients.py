@@ -20,6 +20,7 @@ def session() -> requests.Session:
     s: requests.Session | None = getattr(_local, "session", None)
     if s is None:
         s = _local.session = requests.Session()
+        s.trust_env = False  # loopback only: no proxy lookup on every call
     return s
 
 

@@ -22,7 +22,7 @@ def write(result: dict[str, Any], out: Path) -> list[Path]:
     """Write ``latest.json``, a dated copy, ``latest.md`` and the plots; return the paths."""
     out.mkdir(parents=True, exist_ok=True)
     stamp = result["meta"]["started"].replace(":", "").replace("-", "")[:15]
-    kind = "quick" if result["meta"]["quick"] else "full"
+    kind = result["meta"].get("level") or ("quick" if result["meta"]["quick"] else "full")
     body = json.dumps(result, indent=2, sort_keys=False) + "\n"
     paths = [out / "latest.json", out / f"{stamp}-{kind}.json", out / "latest.md"]
     paths[0].write_text(body)

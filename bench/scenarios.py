@@ -28,37 +28,48 @@ TERMINAL = ("success", "failed", "dead", "cancelled")
 
 @dataclass(frozen=True)
 class Plan:
-    """How long and how hard: ``quick`` is a smoke check, the full run is the table."""
+    """How long and how hard: ``full`` is the table, ``quick`` a check in under two
+    minutes, ``smoke`` the smallest run that still exercises every scenario (the test
+    suite runs it so the harness cannot rot)."""
 
-    quick: bool
+    level: str = "full"
     single_rate: float = 100.0
     two_hop_rate: float = 50.0
     broadcast_rate: float = 20.0
-    inflight: int = 2000
     fault_rate: float = 30.0
     fault_callers: int = 20
     fault_wait: float = 15.0  # how long a fault-run caller waits for its answer
 
     @property
+    def quick(self) -> bool:
+        return self.level != "full"
+
+    @property
     def duration(self) -> float:
-        return 6.0 if self.quick else 30.0
+        return {"smoke": 2.0, "quick": 6.0}.get(self.level, 30.0)
 
     @property
     def step_duration(self) -> float:
-        return 5.0 if self.quick else 10.0
+        return {"smoke": 2.0, "quick": 5.0}.get(self.level, 10.0)
 
     @property
     def max_rates(self) -> list[float]:
-        return [150.0, 250.0] if self.quick else [150.0, 200.0, 250.0, 300.0, 350.0, 400.0, 500.0]
+        if self.level == "smoke":
+            return [20.0, 40.0]
+        if self.level == "quick":
+            return [60.0, 100.0, 150.0]
+        return [60.0, 80.0, 100.0, 120.0, 150.0, 200.0, 250.0, 300.0]
 
     @property
     def fault_phases(self) -> tuple[float, float, float]:
         """Seconds before, during and after the outage."""
-        return (4.0, 10.0, 6.0) if self.quick else (10.0, 40.0, 15.0)
+        return {"smoke": (3.0, 4.0, 3.0), "quick": (4.0, 10.0, 6.0)}.get(
+            self.level, (10.0, 40.0, 15.0)
+        )
 
     @property
     def inflight_tasks(self) -> int:
-        return 500 if self.quick else self.inflight
+        return {"smoke": 50, "quick": 500}.get(self.level, 2000)
 
 
 @dataclass

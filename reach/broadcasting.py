@@ -58,7 +58,9 @@ def start(session: Session, req: BroadcastRequest, now: float, policy: Policy) -
             pin_instance=c.instance_id,
             max_retry=req.max_retry,
         )
-        rows.append({"instance_id": c.instance_id, "agent_id": c.agent_id, "task_id": task.task_id})
+        rows.append(
+            {"instance_id": c.instance_id, "agent_id": c.agent_id, "task_id": task["task_id"]}
+        )
     row = BroadcastRow(
         broadcast_id=broadcast_id,
         request=req.model_dump(mode="json"),

@@ -105,10 +105,10 @@ def advance_node(session: Session, run_id: str, node_id: str, now: float) -> Ste
                     now,
                 )
             )
-        row.task_id = task.task_id
+        row.task_id = task["task_id"]
         row.status = "running"
         row.started_at = now
-        return Step(None, submitted_task=task.task_id)
+        return Step(None, submitted_task=task["task_id"])
     reach_task = session.scalar(select(TaskRow).where(TaskRow.task_id == row.task_id))
     if reach_task is None:
         raise UnknownTask(f"task {row.task_id!r} of node {node_id!r} vanished")
@@ -125,9 +125,9 @@ def advance_node(session: Session, run_id: str, node_id: str, now: float) -> Ste
             _node_request(run_id, node, f"{run_id}.{node_id}.r{run.retries}", reach_task.payload),
             now,
         )
-        row.task_id = task.task_id
+        row.task_id = task["task_id"]
         row.started_at = now
-        return Step(None, submitted_task=task.task_id)
+        return Step(None, submitted_task=task["task_id"])
     if reach_task.status in TERMINAL:
         if reach_task.status == "success":
             result = NodeResult(

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
-from sqlalchemy import Table, case, func, insert, select, update
+from sqlalchemy import Table, bindparam, case, func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from reach import breaking, metrics, registry
@@ -194,6 +194,71 @@ _VIEW_COLUMNS = (
 )  # fmt: skip
 
 
+# The hot path's statements, built once: constructing a statement and its cache key on
+# every delivery cost more CPU than executing it. Bound names carry a ``b_`` prefix
+# (column names are reserved for the SET clause).
+_SECONDS = _T.c.timeout_ms / 1000.0
+_CLAIM = (
+    update(_T)
+    .where(
+        _T.c.task_id == bindparam("b_task_id"),
+        _T.c.attempt_seq == bindparam("b_seq"),
+        (_T.c.status == "pending")
+        | (
+            (_T.c.status == "dispatching")
+            & (func.coalesce(_T.c.lease_until, 0) <= bindparam("b_now"))
+        ),
+    )
+    .values(
+        status="dispatching",
+        lease_token=bindparam("b_token"),
+        lease_until=bindparam("b_lease_base")
+        + case(
+            (_SECONDS >= bindparam("b_read"), bindparam("b_read")),
+            (_SECONDS <= 0.05, 0.05),
+            else_=_SECONDS,
+        ),
+        updated_at=bindparam("b_now"),
+        redeliveries=_T.c.redeliveries + case((_T.c.status == "dispatching", 1), else_=0),
+    )
+    .returning(
+        _T.c.target,
+        _T.c.method,
+        _T.c.payload,
+        _T.c.idempotency_key,
+        _T.c.trace,
+        _T.c.session_id,
+        _T.c.timeout_ms,
+        _T.c.instance_id,
+        _T.c.retries,
+    )
+)
+_ASSIGN = (
+    update(_T)
+    .where(_T.c.task_id == bindparam("b_task_id"))
+    .values(
+        instance_id=bindparam("b_instance"),
+        agent_id=bindparam("b_agent"),
+        deadline=bindparam("b_deadline"),
+    )
+)
+_SUCCEED = (
+    update(_T)
+    .where(_T.c.task_id == bindparam("b_task_id"), _T.c.status.notin_(TERMINAL))
+    .values(
+        status="success",
+        result=bindparam("b_result", type_=_T.c.result.type),
+        error=None,
+        finished_at=bindparam("b_now"),
+        updated_at=bindparam("b_now"),
+        lease_token=None,
+        lease_until=None,
+    )
+    .returning(*(_T.c[name] for name in _VIEW_COLUMNS))
+)
+_ADD_EVENT = insert(_EVENTS)
+
+
 def claim(
     session: Session, task_id: str, attempt_seq: int, now: float, dpolicy: DeliveryPolicy
 ) -> Claimed | None:
@@ -204,39 +269,21 @@ def claim(
     timeout (the task's own, if shorter) + a margin, as ``DeliveryPolicy.lease_for``.
     """
     token = uuid.uuid4().hex
-    seconds = _T.c.timeout_ms / 1000.0
-    read = case(
-        (seconds >= dpolicy.read_timeout, dpolicy.read_timeout),
-        (seconds <= 0.05, 0.05),
-        else_=seconds,
+    row = (
+        session.connection()
+        .execute(
+            _CLAIM,
+            {
+                "b_task_id": task_id,
+                "b_seq": attempt_seq,
+                "b_now": now,
+                "b_token": token,
+                "b_lease_base": now + dpolicy.connect_timeout + dpolicy.lease_margin,
+                "b_read": dpolicy.read_timeout,
+            },
+        )
+        .first()
     )
-    row = session.execute(
-        update(_T)
-        .where(
-            _T.c.task_id == task_id,
-            _T.c.attempt_seq == attempt_seq,
-            (_T.c.status == "pending")
-            | ((_T.c.status == "dispatching") & (func.coalesce(_T.c.lease_until, 0) <= now)),
-        )
-        .values(
-            status="dispatching",
-            lease_token=token,
-            lease_until=now + dpolicy.connect_timeout + dpolicy.lease_margin + read,
-            updated_at=now,
-            redeliveries=_T.c.redeliveries + case((_T.c.status == "dispatching", 1), else_=0),
-        )
-        .returning(
-            _T.c.target,
-            _T.c.method,
-            _T.c.payload,
-            _T.c.idempotency_key,
-            _T.c.trace,
-            _T.c.session_id,
-            _T.c.timeout_ms,
-            _T.c.instance_id,
-            _T.c.retries,
-        )
-    ).first()
     if row is None:
         return None  # stale or duplicate message, terminal, or another copy holds the lease
     return Claimed(task_id, attempt_seq, token, *row)
@@ -278,10 +325,14 @@ def _route(
         candidates = [c for c in candidates if c.instance_id != chosen.instance_id]
     read_timeout = dpolicy.read_timeout_for_ms(task.timeout_ms)
     deadline = now + read_timeout
-    session.execute(
-        update(_T)
-        .where(_T.c.task_id == task.task_id)
-        .values(instance_id=chosen.instance_id, agent_id=chosen.agent_id, deadline=deadline)
+    session.connection().execute(
+        _ASSIGN,
+        {
+            "b_task_id": task.task_id,
+            "b_instance": chosen.instance_id,
+            "b_agent": chosen.agent_id,
+            "b_deadline": deadline,
+        },
     )
     detail: dict[str, Any] = {
         "endpoint": chosen.endpoint,
@@ -319,20 +370,11 @@ def _route(
 def _finish_success(session: Session, d: _Dispatch, data: Any, now: float) -> bool:
     """The common ending in two statements: the task becomes ``success`` unless it is
     terminal already (then the ORM path records the duplicate). True if it decided."""
-    row = session.execute(
-        update(_T)
-        .where(_T.c.task_id == d.task_id, _T.c.status.notin_(TERMINAL))
-        .values(
-            status="success",
-            result=data,
-            error=None,
-            finished_at=now,
-            updated_at=now,
-            lease_token=None,
-            lease_until=None,
-        )
-        .returning(*(_T.c[name] for name in _VIEW_COLUMNS))
-    ).first()
+    row = (
+        session.connection()
+        .execute(_SUCCEED, {"b_task_id": d.task_id, "b_result": data, "b_now": now})
+        .first()
+    )
     if row is None:
         return False
     view = dict(zip(_VIEW_COLUMNS, row, strict=True))
@@ -355,16 +397,17 @@ def _insert_event(
     now: float,
     detail: dict[str, Any],
 ) -> None:
-    session.execute(
-        insert(_EVENTS).values(
-            task_id=task_id,
-            agent_id=agent_id,
-            instance_id=instance_id,
-            attempt_seq=attempt_seq,
-            kind=kind,
-            detail=detail,
-            at=now,
-        )
+    session.connection().execute(
+        _ADD_EVENT,
+        {
+            "task_id": task_id,
+            "agent_id": agent_id,
+            "instance_id": instance_id,
+            "attempt_seq": attempt_seq,
+            "kind": kind,
+            "detail": detail,
+            "at": now,
+        },
     )
 
 

@@ -11,16 +11,19 @@ publishes what commit left behind.
 
 from __future__ import annotations
 
+import json
 import math
 import uuid
-from typing import Any
+from functools import lru_cache
+from typing import Any, cast
 
 from jsonschema import Draft202012Validator
-from sqlalchemy import select
+from sqlalchemy import Table, insert, select
 from sqlalchemy.orm import Session
 
 from reach.breaker import BreakerState
 from reach.breaker import state as breaker_state
+from reach.delivery import task_view
 from reach.errors import CircuitOpen, InvalidPayload, NoSuitableAgent, TaskConflict
 from reach.routing import RouteFilter
 from reach.schemas import SubmitRequest
@@ -62,18 +65,21 @@ def submit(
     pin_instance: str | None = None,
     max_retry: int | None = None,
     published_at: float | None = None,
-) -> tuple[TaskRow, bool]:
-    """Create the task (or return the existing one with this task_id): (row, created).
+    look_first: bool = True,
+) -> tuple[dict[str, Any], bool]:
+    """Create the task (or find the existing one with this task_id): (its view, created).
 
     ``pin_instance`` (broadcasts) delivers to that instance only; ``max_retry`` overrides
     the router's retry budget for this task. ``published_at`` marks the first attempt as
     published in this same transaction, for a caller that publishes right after commit
     and un-marks it if that fails (one transaction instead of two on the hot path).
+    ``look_first=False`` skips the read for an existing ``task_id``: the unique index
+    refuses a duplicate at flush (IntegrityError) and the caller retries looking first.
     """
     target = target_of(req)
     if pin_instance:
         target["instance_id"] = pin_instance
-    if req.task_id is not None:
+    if req.task_id is not None and look_first:
         existing = session.scalar(select(TaskRow).where(TaskRow.task_id == req.task_id))
         if existing is not None:
             same = (existing.target, existing.method, existing.payload) == (
@@ -86,7 +92,7 @@ def submit(
                     f"task_id {req.task_id!r} is already used by a different task",
                     task_id=req.task_id,
                 )
-            return existing, False
+            return task_view(existing), False
     _check_target(session, req, now)
     task_id = req.task_id or f"t-{uuid.uuid4().hex}"
     trace = (
@@ -94,71 +100,103 @@ def submit(
         if req.trace
         else {"root_id": task_id, "parent_task_id": None, "hops": 0, "path": []}
     )
-    row = TaskRow(
-        task_id=task_id,
-        agent_id=req.agent_id,
-        target=target,
-        method=req.method,
-        payload=req.payload,
-        status="pending",
-        attempt_seq=1,
-        idempotency_key=task_id,
-        session_id=req.session_id,
-        trace=trace,
-        timeout_ms=req.timeout_ms,
-        created_at=now,
-        updated_at=now,
-        next_attempt_at=now,
-        retries=0,
-        redeliveries=0,
-        deferrals=0,
-        max_retry=max_retry,
-        last_published_at=published_at,
+    values = {
+        "task_id": task_id,
+        "agent_id": req.agent_id,
+        "target": target,
+        "method": req.method,
+        "payload": req.payload,
+        "status": "pending",
+        "attempt_seq": 1,
+        "idempotency_key": task_id,
+        "session_id": req.session_id,
+        "trace": trace,
+        "timeout_ms": req.timeout_ms,
+        "created_at": now,
+        "updated_at": now,
+        "next_attempt_at": now,
+        "retries": 0,
+        "redeliveries": 0,
+        "deferrals": 0,
+        "max_retry": max_retry,
+        "last_published_at": published_at,
+    }
+    # plain inserts (the hot path of every submit: the ORM's unit of work cost more)
+    conn = session.connection()
+    conn.execute(_ADD_TASK, values)
+    conn.execute(
+        _ADD_EVENT,
+        {
+            "task_id": task_id,
+            "agent_id": req.agent_id,
+            "instance_id": None,
+            "attempt_seq": 1,
+            "kind": "accepted",
+            "detail": {"target": target},
+            "at": now,
+        },
     )
-    session.add(row)
-    session.add(
-        TaskEventRow(
-            task_id=task_id,
-            agent_id=req.agent_id,
-            attempt_seq=1,
-            kind="accepted",
-            detail={"target": target},
-            at=now,
-        )
+    conn.execute(
+        _ADD_OUTBOX,
+        {
+            "task_id": task_id,
+            "agent_id": target_key(target),
+            "attempt_seq": 1,
+            "message": {"task_id": task_id, "attempt_seq": 1},
+            "created_at": now,
+            "available_at": now,
+            "published_at": published_at,
+        },
     )
-    session.add(
-        OutboxRow(
-            task_id=task_id,
-            agent_id=target_key(target),
-            attempt_seq=1,
-            message={"task_id": task_id, "attempt_seq": 1},
-            created_at=now,
-            available_at=now,
-            published_at=published_at,
-        )
-    )
-    session.flush()
-    return row, True
+    view = {
+        **{k: values[k] for k in ("task_id", "status", "method", "target", "agent_id")},
+        "instance_id": None,
+        "attempt_seq": 1,
+        "retries": 0,
+        "result": None,
+        "error": None,
+        "trace": trace,
+        "session_id": req.session_id,
+        "timeout_ms": req.timeout_ms,
+        "created_at": now,
+        "updated_at": now,
+        "finished_at": None,
+    }
+    return view, True
+
+
+_ADD_TASK = insert(cast(Table, TaskRow.__table__))
+_ADD_EVENT = insert(cast(Table, TaskEventRow.__table__))
+_ADD_OUTBOX = insert(cast(Table, OutboxRow.__table__))
 
 
 def _check_target(session: Session, req: SubmitRequest, now: float) -> None:
     """At least one registered agent must match and accept the payload, and not every
-    instance of the matching agents may have its circuit breaker open."""
+    instance of the matching agents may have its circuit breaker open.
+
+    One read: the matching agents with their live instances' breaker state."""
     flt = route_filter(req)
-    query = select(AgentRow)
+    query = (
+        select(
+            AgentRow.agent_id,
+            AgentRow.tags,
+            AgentRow.capabilities,
+            AgentRow.meta,
+            InstanceRow.breaker_open_until,
+        )
+        .join(InstanceRow, InstanceRow.agent_id == AgentRow.agent_id)
+        .where(InstanceRow.status != "deregistered")
+    )
     if req.agent_id:
         query = query.where(AgentRow.agent_id == req.agent_id)
-    registered = {
-        a
-        for (a,) in session.execute(
-            select(InstanceRow.agent_id).where(InstanceRow.status != "deregistered").distinct()
-        )
-    }
+    agents: dict[str, Any] = {}
+    breakers: dict[str, list[float | None]] = {}
+    for agent in session.execute(query):  # plain rows: no ORM objects to build
+        agents[agent.agent_id] = agent
+        breakers.setdefault(agent.agent_id, []).append(agent.breaker_open_until)
     schema_errors: list[str] = []
     matched: list[str] = []
-    for agent in session.scalars(query):
-        if agent.agent_id not in registered:
-            continue
+    for agent in agents.values():
         if req.tags and not set(req.tags) <= set(agent.tags):
             continue
         types = {c["type"]: c for c in agent.capabilities}
@@ -181,7 +219,7 @@ def _check_target(session: Session, req: SubmitRequest, now: float) -> None:
                 continue
         matched.append(agent.agent_id)
     if matched:
-        _check_breakers(session, matched, now)
+        _check_breakers(matched, [(a, u) for a in matched for u in breakers[a]], now)
         return
     if schema_errors:
         raise InvalidPayload(
@@ -195,13 +233,8 @@ def _check_target(session: Session, req: SubmitRequest, now: float) -> None:
     )
 
 
-def _check_breakers(session: Session, agent_ids: list[str], now: float) -> None:
+def _check_breakers(agent_ids: list[str], rows: list[tuple[str, float | None]], now: float) -> None:
     """Refuse with CircuitOpen when every registered instance of these agents is open."""
-    rows = session.execute(
-        select(InstanceRow.agent_id, InstanceRow.breaker_open_until)
-        .where(InstanceRow.agent_id.in_(agent_ids))
-        .where(InstanceRow.status != "deregistered")
-    ).all()
     open_until = [
         until
         for _, until in rows
@@ -220,8 +253,15 @@ def _check_breakers(session: Session, agent_ids: list[str], now: float) -> None:
     )
 
 
+@lru_cache(maxsize=256)
+def _validator(schema_json: str) -> Draft202012Validator:
+    """Compiled once per distinct schema: building a validator costs more than using it."""
+    return Draft202012Validator(json.loads(schema_json))
+
+
 def _schema_error(schema: dict[str, Any], payload: Any) -> str | None:
-    error = next(iter(Draft202012Validator(schema).iter_errors(payload)), None)
+    validator = _validator(json.dumps(schema, sort_keys=True))
+    error = next(iter(validator.iter_errors(payload)), None)
     if error is None:
         return None
     where = "/".join(str(p) for p in error.absolute_path) or "<payload>"

@@ -38,6 +38,9 @@ class AgentTransport:
         session: requests.Session | None = getattr(self._local, "session", None)
         if session is None:
             session = requests.Session()
+            # Agents are reached directly: looking up proxy settings in the environment
+            # on every request was a fifth of a delivery's CPU.
+            session.trust_env = False
             adapter = HTTPAdapter(
                 pool_connections=self._pool_size, pool_maxsize=self._pool_size, max_retries=0
             )

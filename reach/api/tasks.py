@@ -34,10 +34,15 @@ def task_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
         or time is up (one round trip for a caller that wants the answer)."""
 
         def accept() -> tuple[dict[str, Any], bool]:
+            attempts = 0
+
             def work(session: Session) -> tuple[dict[str, Any], bool]:
+                nonlocal attempts
+                attempts += 1  # the first try is optimistic; a duplicate id comes back here
                 now = ctx.clock.now()
-                row, created = submission.submit(session, body, now, published_at=now)
-                return delivery.task_view(row), created
+                return submission.submit(
+                    session, body, now, published_at=now, look_first=attempts > 1
+                )
 
             return ctx.write(work)
 

@@ -25,7 +25,11 @@ def create_engine_for(url: str, **kwargs: Any) -> Engine:
         event.listen(engine, "connect", _sqlite_pragmas)
         event.listen(engine, "begin", _sqlite_begin_immediate)
         return engine
-    kwargs.setdefault("pool_pre_ping", True)
+    # No pre-ping: it costs a round trip on every checkout, i.e. on every transaction of
+    # the hot path. After a database restart the first use of each stale connection
+    # fails instead (a 503, or a delivery the overdue net re-publishes) and SQLAlchemy
+    # invalidates the whole pool on that disconnect; recycling bounds connection age.
+    kwargs.setdefault("pool_recycle", 1800)
     return create_engine(url, **kwargs)
 
 

@@ -84,7 +84,7 @@ class Hub:
             task, _ = submission.submit(
                 s, SubmitRequest(agent_id="flaky", method="m"), self.clock.now()
             )
-            return task.task_id
+            return str(task["task_id"])
 
     def deliver(self, task_id: str, seq: int) -> Publish | None:
         return deliver_attempt(

@@ -51,7 +51,7 @@ def setup(sessions: sessionmaker[Session], clock: ManualClock, addr: str) -> str
         )
         task, created = submission.submit(s, SubmitRequest(agent_id="a", method="m"), clock.now())
     assert created
-    return task.task_id
+    return str(task["task_id"])
 
 
 def attempt(
