@@ -61,7 +61,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     concurrency = args.worker_concurrency or (16 if args.worker_pool == "threads" else 4)
     started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     t0 = time.monotonic()
-    hub = Hub(home, worker_concurrency=concurrency, pool=args.worker_pool)
+    hub = Hub(
+        home, worker_concurrency=concurrency, pool=args.worker_pool, extra_env=plan.hub_settings
+    )
     result: dict[str, Any] = {
         "meta": {
             "command": "python -m bench" + ("" if level == "full" else f" --{level}"),

@@ -101,6 +101,7 @@ class Hub:
     home: Path
     worker_concurrency: int = 2
     pool: str = "prefork"
+    workers: int = 1  # worker processes (each with its own pool)
     extra_env: dict[str, str] = field(default_factory=dict)
     procs: list[Proc] = field(default_factory=list)
     url: str = ""
@@ -131,20 +132,23 @@ class Hub:
         reach = [sys.executable, "-m", "reach"]
         self.procs = [
             spawn("api", [*reach, "api", "--port", str(port)], env, self.home),
-            spawn(
-                "worker",
-                [
-                    *reach,
-                    "worker",
-                    "--concurrency",
-                    str(self.worker_concurrency),
-                    "--pool",
-                    self.pool,
-                    "--loglevel",
-                    os.environ.get("BENCH_WORKER_LOGLEVEL", "WARNING"),
-                ],
-                env,
-                self.home,
+            *(
+                spawn(
+                    f"worker-{n}",
+                    [
+                        *reach,
+                        "worker",
+                        "--concurrency",
+                        str(self.worker_concurrency),
+                        "--pool",
+                        self.pool,
+                        "--loglevel",
+                        os.environ.get("BENCH_WORKER_LOGLEVEL", "WARNING"),
+                    ],
+                    env,
+                    self.home,
+                )
+                for n in range(self.workers)
             ),
             spawn("beat", [*reach, "beat", "--loglevel", "WARNING"], env, self.home),
         ]

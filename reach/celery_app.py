@@ -34,6 +34,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
+        "worker_disable_rate_limits": True,
         "task_default_queue": "reach",
         "task_routes": {"reach.probe_sweep": {"queue": "reach.probe"}},
         "task_serializer": "json",

@@ -115,6 +115,7 @@ def api(
 class WorkerPool(StrEnum):
     PREFORK = "prefork"
     THREADS = "threads"
+    SOLO = "solo"
 
 
 @app.command()
@@ -123,7 +124,10 @@ def worker(
     queues: Annotated[str, typer.Option(help="Queues to consume")] = "reach,reach.probe",
     loglevel: Annotated[str, typer.Option(help="Log level")] = "INFO",
     pool: Annotated[
-        WorkerPool, typer.Option(help="prefork: a process per slot; threads: many slots")
+        WorkerPool,
+        typer.Option(
+            help="prefork: a child process per slot; threads: many slots in one; solo: one"
+        ),
     ] = WorkerPool.PREFORK,
 ) -> None:
     """Run a Celery worker (delivery, probing, sweeps)."""
