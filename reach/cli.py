@@ -146,7 +146,10 @@ def worker(
     )
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,  # --help goes to the harness, which knows its options
+)
 def bench(ctx: typer.Context) -> None:
     """Run the benchmark table (same options as ``python -m bench``; try ``--quick``)."""
     try:

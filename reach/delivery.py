@@ -52,6 +52,7 @@ class DeliveryPolicy:
     republish_grace: float = 10.0
     max_redeliveries: int = 5
     max_deferrals: int = 50
+    republish_backlog: int = 10  # queue deeper than this: overdue attempts are queued, not lost
     breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
 
     @classmethod

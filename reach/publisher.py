@@ -41,3 +41,14 @@ class Publisher:
             )
             return False
         return True
+
+    def backlog(self) -> int | None:
+        """Messages waiting in the delivery queue; None if the broker cannot say."""
+        try:
+            with self.app.connection_for_read() as conn:
+                conn.ensure_connection(max_retries=1, interval_start=0, timeout=1)
+                declared = conn.default_channel.queue_declare(queue=DELIVERY_QUEUE, passive=True)
+                return int(declared.message_count)
+        except Exception as exc:
+            log.debug("delivery queue depth unknown: %s", exc)
+            return None

@@ -21,7 +21,9 @@ def outbox_relay() -> dict[str, int]:
     now = ctx.clock.now()
     with ctx.transaction() as session:
         left_behind = outbox.unpublished(session, now, grace=2.0)
-        recovery = outbox.recover(session, now, ctx.delivery_policy, _rng)
+        recovery = outbox.recover(
+            session, now, ctx.delivery_policy, _rng, backlog=ctx.publisher.backlog()
+        )
     items = left_behind + recovery.publish
     ctx.publish_attempts(items)
     if items:

@@ -11,6 +11,8 @@ from starlette.concurrency import run_in_threadpool
 
 from reach.completions import Waiters
 
+LIVE_FALLBACK_S = 5.0
+
 
 async def long_poll(
     read: Callable[[], dict[str, Any]],
@@ -23,10 +25,11 @@ async def long_poll(
 ) -> dict[str, Any]:
     """Re-read (in a thread: the store is synchronous) when woken or on a growing timer.
 
-    With a live completion channel the timer is only a safety net (up to 1 s); without
-    one it is the mechanism (up to 250 ms). The watch starts before the read, so a
-    notice that lands between the read and the wait is not missed. With ``carried``,
-    a final view that came with the notice is the answer (no read).
+    With a live completion channel the timer is only a safety net (every 5 s: under a
+    backlog, hundreds of waiting requests re-reading every second cost more than the
+    work itself); without one it is the mechanism (up to 250 ms). The watch starts before
+    the read, so a notice that lands between the read and the wait is not missed. With
+    ``carried``, a final view that came with the notice is the answer (no read).
     """
     deadline = time.monotonic() + wait
     pause = 0.02
@@ -43,10 +46,7 @@ async def long_poll(
             view = await run_in_threadpool(read)
             if done(view) or time.monotonic() >= deadline:
                 return view
-            # live channel: the notice is the trigger and the timer a rare safety net (a
-            # short one would make every waiting request re-read the store many times a
-            # second, which under a backlog costs more than the work itself)
-            cap = 1.0 if waiters.live else 0.25
+            cap = LIVE_FALLBACK_S if waiters.live else 0.25
             step = cap if waiters.live else pause
             timeout = min(step, max(0.0, deadline - time.monotonic()))
             try:

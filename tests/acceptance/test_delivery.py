@@ -379,3 +379,49 @@ def test_instance_at_max_concurrency_is_skipped_while_another_can_take_the_task(
             free.stop()
     finally:
         busy.kill()
+
+
+def test_submit_with_wait_answers_with_the_finished_task(stack: Stack, tmp_path: Path) -> None:
+    """One round trip: ``POST /v1/tasks?wait=`` holds until the result is in (woken by the
+    completion notice on Redis; by re-reading on the embedded store)."""
+    sync = AgentProcess(stack.url, tmp_path / "s.log", agent_id="waiter-sync")
+    late = AgentProcess(stack.url, tmp_path / "l.log", agent_id="waiter-late", mode="accept-report")
+    try:
+        online(stack, "waiter-sync")
+        online(stack, "waiter-late")
+        for agent_id, expected in (("waiter-sync", {"n": 7}), ("waiter-late", {"late": {"n": 7}})):
+            r = requests.post(
+                f"{stack.url}/v1/tasks",
+                params={"wait": 20},
+                json={"agent_id": agent_id, "method": "work.do", "payload": {"n": 7}},
+                timeout=30,
+            )
+            assert r.status_code == 201, r.text
+            view = r.json()
+            assert view["status"] == "success", view
+            got = view["result"]["echo"] if agent_id == "waiter-sync" else view["result"]
+            assert got == expected
+            assert stack.task(view["task_id"])["status"] == "success"
+        # a short wait that runs out answers with the task as it stands, not an error
+        r = requests.post(
+            f"{stack.url}/v1/tasks",
+            params={"wait": 0.05},
+            json={"agent_id": "waiter-late", "method": "work.do", "payload": {"n": 8}},
+            timeout=30,
+        )
+        assert r.status_code == 201 and r.json()["status"] != "success"
+        again = requests.post(  # resubmitting the same task_id with a wait: 200, same task
+            f"{stack.url}/v1/tasks",
+            params={"wait": 20},
+            json={
+                "agent_id": "waiter-late",
+                "method": "work.do",
+                "payload": {"n": 8},
+                "task_id": r.json()["task_id"],
+            },
+            timeout=30,
+        )
+        assert again.status_code == 200 and again.json()["status"] == "success"
+    finally:
+        sync.stop()
+        late.stop()

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from reach import outbox, registry, submission
@@ -170,3 +170,96 @@ def test_overdue_pending_attempt_is_republished(
     with sessions.begin() as s:  # published once: not again within the grace
         assert outbox.recover(s, clock.now(), dpolicy, random.Random(1)).publish == []
         assert outbox.unpublished(s, clock.now(), grace=2.0) == []
+
+
+@pytest.mark.parametrize(
+    ("backlog", "republished"),
+    [(None, True), (0, True), (10, True), (11, False), (5000, False)],
+)
+def test_overdue_attempts_behind_a_backlog_are_waiting_not_lost(
+    sessions: sessionmaker[Session],
+    agent: EnvelopeServer,
+    backlog: int | None,
+    republished: bool,
+) -> None:
+    """Behind a deep queue an overdue attempt is waiting its turn: republishing it would
+    add a copy to the very backlog that delays it. Once the queue drains, it is."""
+    clock = ManualClock()
+    task_id = setup(sessions, clock, agent.addr)
+    dpolicy = DeliveryPolicy.from_settings(SETTINGS)
+    assert dpolicy.republish_backlog == 10
+    clock.advance(dpolicy.republish_grace + 1)
+    with sessions.begin() as s:
+        recovery = outbox.recover(s, clock.now(), dpolicy, random.Random(1), backlog=backlog)
+    assert [p.task_id for p in recovery.publish] == ([task_id] if republished else [])
+    assert recovery.republished == (1 if republished else 0)
+    if not republished:  # the queue drained: now it is presumed lost
+        with sessions.begin() as s:
+            recovery = outbox.recover(s, clock.now(), dpolicy, random.Random(1), backlog=0)
+        assert [p.task_id for p in recovery.publish] == [task_id]
+
+
+@pytest.mark.parametrize(
+    ("timeout_ms", "read"),
+    [(60_000, 5.0), (2_000, 2.0), (10, 0.05)],  # the router's cap, the task's own, the floor
+)
+def test_claim_leases_for_connect_plus_read_plus_margin(
+    sessions: sessionmaker[Session], agent: EnvelopeServer, timeout_ms: int, read: float
+) -> None:
+    from reach.delivery import claim
+
+    clock = ManualClock()
+    task_id = setup(sessions, clock, agent.addr)
+    with sessions.begin() as s:
+        s.execute(update(TaskRow).where(TaskRow.task_id == task_id).values(timeout_ms=timeout_ms))
+    dpolicy = DeliveryPolicy.from_settings(SETTINGS)
+    with sessions.begin() as s:
+        first = claim(s, task_id, 1, clock.now(), dpolicy)
+        second = claim(s, task_id, 1, clock.now(), dpolicy)  # the lease is alive: refused
+    assert first is not None and second is None
+    row = task(sessions, task_id)
+    expected = clock.now() + dpolicy.connect_timeout + read + dpolicy.lease_margin
+    assert row.status == "dispatching" and row.lease_token == first.lease_token
+    assert row.lease_until == pytest.approx(expected)
+    assert row.lease_until == pytest.approx(clock.now() + dpolicy.lease_for(row))
+    with sessions.begin() as s:  # a stale attempt_seq never claims
+        assert claim(s, task_id, 2, clock.now() + 1000, dpolicy) is None
+
+
+def test_claim_after_a_lapsed_lease_counts_a_redelivery(
+    sessions: sessionmaker[Session], agent: EnvelopeServer
+) -> None:
+    from reach.delivery import claim
+
+    clock = ManualClock()
+    task_id = setup(sessions, clock, agent.addr)
+    dpolicy = DeliveryPolicy.from_settings(SETTINGS)
+    with sessions.begin() as s:
+        first = claim(s, task_id, 1, clock.now(), dpolicy)
+    clock.advance(dpolicy.lease_for(task(sessions, task_id)) + 0.01)
+    with sessions.begin() as s:
+        again = claim(s, task_id, 1, clock.now(), dpolicy)
+    assert first is not None and again is not None and again.lease_token != first.lease_token
+    assert task(sessions, task_id).redeliveries == 1
+
+
+def test_candidate_cache_reuses_for_its_ttl_and_forgets_on_clear(
+    sessions: sessionmaker[Session], agent: EnvelopeServer
+) -> None:
+    from reach.registry import CandidateCache
+    from reach.routing import RouteFilter
+
+    clock = ManualClock()
+    setup(sessions, clock, agent.addr)
+    policy = Policy.from_settings(SETTINGS)
+    cache = CandidateCache(0.5)
+    flt = RouteFilter(agent_id="a")
+    with sessions() as s:
+        first = cache.get(s, flt, clock.now(), policy, "m")
+        assert [c.agent_id for c in first] == ["a"]
+        assert cache.get(s, flt, clock.now() + 0.4, policy, "m") is first  # within the ttl
+        assert cache.get(s, flt, clock.now() + 0.6, policy, "m") is not first  # reloaded
+        again = cache.get(s, flt, clock.now() + 0.6, policy, "m")
+        cache.clear()
+        assert cache.get(s, flt, clock.now() + 0.6, policy, "m") is not again
+        assert CandidateCache(0).get(s, flt, clock.now(), policy, "m") == first  # no caching

@@ -391,3 +391,12 @@ def test_handler_sees_its_trace_and_nested_sends_continue_it(agent: reach.Agent)
         }
     ]
     assert trace.current() is None  # nothing leaks out of the handler
+
+
+def test_answers_leave_without_waiting_for_nagle(agent: reach.Agent) -> None:
+    """Headers and body go out in two writes; with Nagle's algorithm on, the body waits
+    for the hub's delayed ACK and every keep-alive delivery costs ~40 ms. The handler
+    sets TCP_NODELAY on each accepted connection (StreamRequestHandler's switch)."""
+    from reach.agent import _make_request_handler
+
+    assert _make_request_handler(agent).disable_nagle_algorithm is True

@@ -1,0 +1,97 @@
+"""Completion notices on a real Redis: a commit that finishes a task wakes the waiting
+long-poll with the final view; a rollback announces nothing; a large view is announced
+by id only."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session, sessionmaker
+
+from reach.completions import MAX_CARRIED_BYTES, CompletionBus, Waiters, mark_finished
+from reach.storage import session_factory
+
+pytestmark = pytest.mark.redis
+
+
+async def _wait_for(
+    waiters: Waiters, key: str, act: Any, timeout: float = 5.0
+) -> tuple[bool, dict[str, Any] | None]:
+    deadline = time.monotonic() + 5
+    while not waiters.live and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    assert waiters.live, "the listener never subscribed"
+    with waiters.watch([key]) as watch:
+        await asyncio.get_running_loop().run_in_executor(None, act)
+        try:
+            await asyncio.wait_for(watch.woken.wait(), timeout)
+        except TimeoutError:
+            return False, None
+        return True, watch.view
+
+
+def _listen(url: str, key: str, act: Any, timeout: float = 5.0) -> tuple[bool, Any]:
+    async def main() -> tuple[bool, Any]:
+        waiters = Waiters()
+        waiters.start(CompletionBus(url), asyncio.get_running_loop())
+        try:
+            return await _wait_for(waiters, key, act, timeout)
+        finally:
+            waiters.stop()
+
+    return asyncio.run(main())
+
+
+@pytest.fixture
+def sessions(engine: Engine, redis_db: str) -> sessionmaker[Session]:
+    factory = session_factory(engine)
+    CompletionBus(redis_db).attach(factory)
+    return factory
+
+
+def test_commit_wakes_the_waiter_with_the_view(
+    sessions: sessionmaker[Session], redis_db: str
+) -> None:
+    def finish() -> None:
+        with sessions.begin() as s:
+            s.execute(text("SELECT 1"))
+            mark_finished(s, "t-1", {"task_id": "t-1", "status": "success", "result": 42})
+
+    woken, view = _listen(redis_db, "t-1", finish)
+    assert woken and view == {"task_id": "t-1", "status": "success", "result": 42}
+
+
+def test_rollback_announces_nothing(sessions: sessionmaker[Session], redis_db: str) -> None:
+    def fail() -> None:
+        with pytest.raises(RuntimeError), sessions.begin() as s:
+            mark_finished(s, "t-2", {"task_id": "t-2", "status": "success"})
+            raise RuntimeError("the transaction fails")
+
+    woken, _ = _listen(redis_db, "t-2", fail, timeout=1.0)
+    assert not woken
+
+
+def test_a_large_view_is_announced_by_id_only(redis_db: str) -> None:
+    big = {"task_id": "t-3", "status": "success", "result": "x" * MAX_CARRIED_BYTES}
+    woken, view = _listen(redis_db, "t-3", lambda: CompletionBus(redis_db).notify({"t-3": big}))
+    assert woken and view is None  # the waiter reads the store instead
+
+
+def test_other_keys_do_not_wake(redis_db: str) -> None:
+    woken, _ = _listen(
+        redis_db, "t-4", lambda: CompletionBus(redis_db).notify(["t-5"]), timeout=1.0
+    )
+    assert not woken
+
+
+def test_without_redis_nothing_is_attached(engine: Engine) -> None:
+    bus = CompletionBus(None)
+    factory = session_factory(engine)
+    bus.attach(factory)  # no channel: waiters fall back to re-reading the store
+    with factory.begin() as s:
+        mark_finished(s, "t-6", None)
+    assert not bus.enabled
