@@ -57,6 +57,7 @@ def start(session: Session, req: BroadcastRequest, now: float, policy: Policy) -
             now,
             pin_instance=c.instance_id,
             max_retry=req.max_retry,
+            look_first=False,  # a fresh broadcast id: no task can exist yet
         )
         rows.append(
             {"instance_id": c.instance_id, "agent_id": c.agent_id, "task_id": task["task_id"]}

@@ -27,6 +27,12 @@ def canvas(app: Any, run_id: str, plan: Plan) -> Any:
 def fan_out(app: Any, task_ids: list[str]) -> Any:
     """A broadcast's deliveries as one group: every target at once."""
     return group(
-        app.signature("reach.deliver", args=(task_id, 1), immutable=True, queue="reach")
+        app.signature(
+            "reach.deliver",
+            args=(task_id, 1),
+            immutable=True,
+            queue="reach",
+            ignore_result=True,  # the store has the outcome; no result channel per target
+        )
         for task_id in task_ids
     )

@@ -369,23 +369,30 @@ def _route(
 
 
 def _finish_success(session: Session, d: _Dispatch, data: Any, now: float) -> bool:
+    detail = {"instance_id": d.instance_id, "attempt_seq": d.attempt_seq}
+    return succeed(session, d.task_id, data, now, detail) is not None
+
+
+def succeed(
+    session: Session, task_id: str, data: Any, now: float, detail: dict[str, Any]
+) -> dict[str, Any] | None:
     """The common ending in two statements: the task becomes ``success`` unless it is
-    terminal already (then the ORM path records the duplicate). True if it decided."""
+    terminal already or unknown (then the ORM path records or refuses). Its view if so."""
     row = (
         session.connection()
-        .execute(_SUCCEED, {"b_task_id": d.task_id, "b_result": data, "b_now": now})
+        .execute(_SUCCEED, {"b_task_id": task_id, "b_result": data, "b_now": now})
         .first()
     )
     if row is None:
-        return False
+        return None
     view = dict(zip(_VIEW_COLUMNS, row, strict=True))
     _insert_event(
-        session, d.task_id, view["agent_id"], view["instance_id"], view["attempt_seq"],
-        "terminal_success", now, {"instance_id": d.instance_id, "attempt_seq": d.attempt_seq},
+        session, task_id, view["agent_id"], view["instance_id"], view["attempt_seq"],
+        "terminal_success", now, detail,
     )  # fmt: skip
-    mark_finished(session, d.task_id, view)
+    mark_finished(session, task_id, view)
     metrics.TASKS_TOTAL.labels("success").inc()
-    return True
+    return view
 
 
 def _insert_event(
@@ -663,12 +670,14 @@ def report_result(
     instance_id: str | None,
 ) -> bool:
     """An agent's late answer (after 202). Returns True if it decided the task."""
+    detail = {"reported_by": instance_id, "attempt_seq": attempt_seq, "late_report": True}
+    if code == 0 and succeed(session, task_id, data, now, detail) is not None:
+        return True  # the common case, without loading the row
     task = load_for_update(session, task_id)
     if task is None:
         from reach.errors import UnknownTask
 
         raise UnknownTask(f"task {task_id!r} does not exist", task_id=task_id)
-    detail = {"reported_by": instance_id, "attempt_seq": attempt_seq, "late_report": True}
     if code == 0:
         return finish(session, task, "success", now, result=data, detail=detail)
     error = {"kind": "business", "code": code, "message": message[:2000]}

@@ -96,9 +96,10 @@ def task_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
                 attempt_seq=body.attempt_seq,
                 instance_id=body.instance_id,
             )
-            task = session.scalar(select(TaskRow).where(TaskRow.task_id == task_id))
-            assert task is not None
-            return {"task_id": task_id, "decided": decided, "status": task.status}
+            if decided and body.code == 0:
+                return {"task_id": task_id, "decided": True, "status": "success"}
+            status = session.scalar(select(TaskRow.status).where(TaskRow.task_id == task_id))
+            return {"task_id": task_id, "decided": decided, "status": status}
 
         return ctx.write(work)
 
