@@ -167,24 +167,26 @@ def hub_single(bench: Bench, rate: float, duration: float, name: str = "single")
 
 
 def direct_single(bench: Bench, rate: float, duration: float) -> Summary:
-    (echo,) = bench.agent("echo")
-    prefix = bench.prefix("direct")
-
-    def job(i: int) -> None:
-        clients.direct_call(echo.url, f"{prefix}{i}", {"i": i})
-
-    samples, wall, _ = bench.measure("direct", job, rate, duration)
-    return summarise(samples, wall, offered_rate=rate)
+    """Baseline (a): the same client posting straight to the same agent."""
+    return _baseline(bench, "direct", clients.direct_call, rate, duration)
 
 
 def celery_single(bench: Bench, rate: float, duration: float) -> Summary:
+    """Baseline (b): a plain Celery task posting to the same agent."""
+    return _baseline(bench, "celery", clients.celery_call, rate, duration)
+
+
+def _baseline(
+    bench: Bench, name: str, call: Callable[[str, str, dict[str, Any]], Any], rate: float,
+    duration: float,
+) -> Summary:  # fmt: skip
     (echo,) = bench.agent("echo")
-    prefix = bench.prefix("celery")
+    prefix = bench.prefix(name)
 
     def job(i: int) -> None:
-        clients.celery_call(echo.url, f"{prefix}{i}", {"i": i})
+        call(echo.url, f"{prefix}{i}", {"i": i})
 
-    samples, wall, _ = bench.measure("celery", job, rate, duration)
+    samples, wall, _ = bench.measure(name, job, rate, duration)
     return summarise(samples, wall, offered_rate=rate)
 
 
@@ -297,8 +299,12 @@ class Tombstone:
                 self.send_response(503)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
+                # no keep-alive: once the agent is back, no pooled connection of the
+                # hub's may still end here (the tombstone's threads outlive its socket)
+                self.send_header("Connection", "close")
                 self.end_headers()
                 self.wfile.write(body)
+                self.close_connection = True
 
             do_GET = do_POST = _answer
 

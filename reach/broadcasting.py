@@ -27,7 +27,18 @@ from reach.submission import TERMINAL, submit
 _TAKING_WORK = (InstanceStatus.ONLINE, InstanceStatus.DEGRADED)
 
 
-def start(session: Session, req: BroadcastRequest, now: float, policy: Policy) -> BroadcastRow:
+def start(
+    session: Session,
+    req: BroadcastRequest,
+    now: float,
+    policy: Policy,
+    *,
+    published_at: float | None = None,
+) -> BroadcastRow:
+    """One pinned task per routable matching instance, all in this transaction.
+
+    ``published_at`` marks the targets' first attempts published at commit (the caller
+    publishes right after and un-marks them if the broker refuses)."""
     flt = RouteFilter(
         tags=tuple(sorted(req.tags)),
         capability=req.capability,
@@ -58,6 +69,7 @@ def start(session: Session, req: BroadcastRequest, now: float, policy: Policy) -
             pin_instance=c.instance_id,
             max_retry=req.max_retry,
             look_first=False,  # a fresh broadcast id: no task can exist yet
+            published_at=published_at,
         )
         rows.append(
             {"instance_id": c.instance_id, "agent_id": c.agent_id, "task_id": task["task_id"]}

@@ -102,8 +102,10 @@ class Watch:
     def __init__(self) -> None:
         self.woken = asyncio.Event()
         self.view: dict[str, Any] | None = None
+        self.seen: set[str] = set()  # distinct keys announced so far
 
-    def wake(self, view: dict[str, Any] | None) -> None:
+    def wake(self, key: str, view: dict[str, Any] | None) -> None:
+        self.seen.add(key)
         if view is not None:
             self.view = view
         self.woken.set()
@@ -135,8 +137,8 @@ class Waiters:
                         del self._by_key[key]
 
     def wake(self, key: str, view: dict[str, Any] | None = None) -> None:
-        for watch in self._by_key.get(key, ()):
-            watch.wake(view)
+        for watch in list(self._by_key.get(key, ())):
+            watch.wake(key, view)
 
     def start(self, bus: CompletionBus, loop: asyncio.AbstractEventLoop) -> None:
         if not bus.enabled:

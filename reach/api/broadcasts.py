@@ -7,13 +7,14 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from reach import broadcasting
 from reach.api.longpoll import long_poll
 from reach.canvas import fan_out
 from reach.completions import Waiters
 from reach.context import HubContext
-from reach.delivery import mark_published
+from reach.delivery import unmark_published
 from reach.schemas import BroadcastRequest
 
 MAX_WAIT_S = 60.0
@@ -25,18 +26,17 @@ def broadcast_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRout
     @router.post("", status_code=201, responses={404: {}, 422: {}})
     def start(body: BroadcastRequest) -> JSONResponse:
         def work(session: Session) -> tuple[str, list[str]]:
-            row = broadcasting.start(session, body, ctx.clock.now(), ctx.policy)
+            now = ctx.clock.now()
+            row = broadcasting.start(session, body, now, ctx.policy, published_at=now)
             return row.broadcast_id, [t["task_id"] for t in row.targets]
 
         broadcast_id, task_ids = ctx.write(work)
         try:
             fan_out(ctx.publisher.app, task_ids).apply_async()
-        except Exception:  # the broker is down: the tasks are in the outbox for the relay
-            pass
-        else:
+        except Exception:  # the broker is down: hand the attempts to the relay
             with ctx.transaction() as session:
                 for task_id in task_ids:
-                    mark_published(session, task_id, 1, ctx.clock.now())
+                    unmark_published(session, task_id, 1)
         return JSONResponse(_read(ctx, broadcast_id), status_code=201)
 
     @router.get("/{broadcast_id}", responses={404: {}})
@@ -44,13 +44,25 @@ def broadcast_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRout
         broadcast_id: str, wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 0.0
     ) -> dict[str, Any]:
         """The aggregate; with ``wait``, hold until it is complete or time is up."""
-        keys = [t["task_id"] for t in _read(ctx, broadcast_id)["results"]] if wait else []
+        first = await run_in_threadpool(_read, ctx, broadcast_id)
+        if not wait or first["complete"]:
+            return first
+        targets = [t["task_id"] for t in first["results"]]
+        views = iter([first])
+
+        def read() -> dict[str, Any]:
+            view = next(views, None)
+            return view if view is not None else _read(ctx, broadcast_id)
+
         return await long_poll(
-            lambda: _read(ctx, broadcast_id),
+            read,
             lambda v: v["complete"],
             wait,
             waiters=waiters,
-            keys=keys,
+            keys=targets,
+            # until min_results (or every target) answered, a read cannot complete it
+            wake_after=min(first["min_results"] or len(targets), len(targets)),
+            reread_within=first["deadline"] - ctx.clock.now(),
         )
 
     return router

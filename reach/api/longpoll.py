@@ -22,37 +22,48 @@ async def long_poll(
     waiters: Waiters | None = None,
     keys: Iterable[str] = (),
     carried: bool = False,
+    wake_after: int = 1,
+    reread_within: float | None = None,
 ) -> dict[str, Any]:
-    """Re-read (in a thread: the store is synchronous) when woken or on a growing timer.
+    """Re-read (in a thread: the store is synchronous) when woken or on a timer.
 
     With a live completion channel the timer is only a safety net (every 5 s: under a
     backlog, hundreds of waiting requests re-reading every second cost more than the
-    work itself); without one it is the mechanism (up to 250 ms). The watch starts before
-    the read, so a notice that lands between the read and the wait is not missed. With
-    ``carried``, a final view that came with the notice is the answer (no read).
+    work itself); without one it is the mechanism (growing up to 250 ms). The watch
+    starts before the first read, so a notice that lands between a read and the wait is
+    not missed. With ``carried``, a final view that came with the notice is the answer
+    (no read). ``wake_after`` is how many distinct keys must be announced before a read
+    can change the answer (a broadcast needs all its targets, or its ``min_results``);
+    ``reread_within`` bounds the wait before a forced read (the broadcast's deadline).
     """
     deadline = time.monotonic() + wait
-    pause = 0.02
-    keys = list(keys)
-    while True:
-        if waiters is None or not keys:
+    if waiters is None or not (keys := list(keys)):
+        pause = 0.02
+        while True:
             view = await run_in_threadpool(read)
             if done(view) or time.monotonic() >= deadline:
                 return view
             await asyncio.sleep(min(pause, max(0.0, deadline - time.monotonic())))
             pause = min(pause * 1.5, 0.25)
-            continue
-        with waiters.watch(keys) as watch:
+    forced = None if reread_within is None else time.monotonic() + max(0.0, reread_within)
+    with waiters.watch(keys) as watch:
+        pause = 0.02
+        while True:
             view = await run_in_threadpool(read)
             if done(view) or time.monotonic() >= deadline:
                 return view
-            cap = LIVE_FALLBACK_S if waiters.live else 0.25
-            step = cap if waiters.live else pause
-            timeout = min(step, max(0.0, deadline - time.monotonic()))
-            try:
-                await asyncio.wait_for(watch.woken.wait(), timeout)
-            except TimeoutError:
-                pass
-            if carried and watch.view is not None and done(watch.view):
-                return watch.view
-            pause = min(pause * 1.5, cap)
+            while True:  # wait for enough notices, the forced read, or the timer
+                step = LIVE_FALLBACK_S if waiters.live else pause
+                until = min(deadline, time.monotonic() + step)
+                if forced is not None and forced > time.monotonic():
+                    until = min(until, forced + 0.05)
+                try:
+                    await asyncio.wait_for(watch.woken.wait(), max(0.0, until - time.monotonic()))
+                except TimeoutError:
+                    break
+                watch.woken.clear()
+                if carried and watch.view is not None and done(watch.view):
+                    return watch.view
+                if len(watch.seen) >= wake_after:
+                    break
+            pause = min(pause * 1.5, 0.25)
