@@ -16,6 +16,7 @@ from reach.completions import Waiters
 from reach.context import HubContext
 from reach.delivery import unmark_published
 from reach.schemas import BroadcastRequest
+from reach.submission import TERMINAL
 
 MAX_WAIT_S = 60.0
 
@@ -48,24 +49,27 @@ def broadcast_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRout
         if not wait or first["complete"]:
             return first
         targets = [t["task_id"] for t in first["results"]]
-        views = iter([first])
-
-        def read() -> dict[str, Any]:
-            view = next(views, None)
-            return view if view is not None else _read(ctx, broadcast_id)
-
         return await long_poll(
-            read,
+            # read afresh: long_poll reads only once it watches, so no answer that
+            # lands after ``first`` can slip past it
+            lambda: _read(ctx, broadcast_id),
             lambda v: v["complete"],
             wait,
             waiters=waiters,
             keys=targets,
-            # until min_results (or every target) answered, a read cannot complete it
-            wake_after=min(first["min_results"] or len(targets), len(targets)),
+            wake_after=_answers_missing,
             reread_within=first["deadline"] - ctx.clock.now(),
         )
 
     return router
+
+
+def _answers_missing(view: dict[str, Any]) -> int:
+    """How many more targets must finish before the aggregate can be complete: enough
+    successes for ``min_results``, or every target (whichever comes first)."""
+    results = view["results"]
+    pending = sum(1 for r in results if r["status"] not in TERMINAL)
+    return min(max(0, int(view["min_results"]) - int(view["succeeded"])), pending)
 
 
 def _read(ctx: HubContext, broadcast_id: str) -> dict[str, Any]:

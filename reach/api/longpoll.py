@@ -22,7 +22,7 @@ async def long_poll(
     waiters: Waiters | None = None,
     keys: Iterable[str] = (),
     carried: bool = False,
-    wake_after: int = 1,
+    wake_after: Callable[[dict[str, Any]], int] | None = None,
     reread_within: float | None = None,
 ) -> dict[str, Any]:
     """Re-read (in a thread: the store is synchronous) when woken or on a timer.
@@ -32,8 +32,9 @@ async def long_poll(
     work itself); without one it is the mechanism (growing up to 250 ms). The watch
     starts before the first read, so a notice that lands between a read and the wait is
     not missed. With ``carried``, a final view that came with the notice is the answer
-    (no read). ``wake_after`` is how many distinct keys must be announced before a read
-    can change the answer (a broadcast needs all its targets, or its ``min_results``);
+    (no read). ``wake_after(view)`` is how many more keys must be announced before a
+    read can change the answer (a broadcast needs its missing answers); notices are
+    counted from before each read, so one landing during a read is never lost.
     ``reread_within`` bounds the wait before a forced read (the broadcast's deadline).
     """
     deadline = time.monotonic() + wait
@@ -49,9 +50,11 @@ async def long_poll(
     with waiters.watch(keys) as watch:
         pause = 0.02
         while True:
+            base = len(watch.seen)
             view = await run_in_threadpool(read)
             if done(view) or time.monotonic() >= deadline:
                 return view
+            needed = max(1, wake_after(view)) if wake_after else 1
             while True:  # wait for enough notices, the forced read, or the timer
                 step = LIVE_FALLBACK_S if waiters.live else pause
                 until = min(deadline, time.monotonic() + step)
@@ -64,6 +67,6 @@ async def long_poll(
                 watch.woken.clear()
                 if carried and watch.view is not None and done(watch.view):
                     return watch.view
-                if len(watch.seen) >= wake_after:
+                if len(watch.seen) - base >= needed:
                     break
             pause = min(pause * 1.5, 0.25)
