@@ -163,7 +163,7 @@ def _baselines(
         home,
     )
     try:
-        time.sleep(3)
+        _wait_for_plain_worker()
         celery = scenarios.celery_single(bench, plan.single_rate, plan.duration).as_dict()
         best, _ = scenarios.max_throughput(
             lambda r, d: scenarios.celery_single(bench, r, d), plan.max_rates, plan.step_duration
@@ -173,6 +173,17 @@ def _baselines(
     finally:
         worker.stop()
     return out
+
+
+def _wait_for_plain_worker(timeout: float = 30.0) -> None:
+    """Until the baseline's Celery worker answers a ping (it starts in a few seconds)."""
+    from bench.plain_celery import app
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if app.control.ping(timeout=0.5):
+            return
+    raise RuntimeError("the plain Celery worker did not start")
 
 
 def _ratios(result: dict[str, Any]) -> dict[str, Any]:

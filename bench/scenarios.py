@@ -48,24 +48,24 @@ class Plan:
 
     @property
     def duration(self) -> float:
-        return {"smoke": 2.0, "quick": 6.0}.get(self.level, 30.0)
+        return {"smoke": 2.0, "quick": 5.0}.get(self.level, 30.0)
 
     @property
     def step_duration(self) -> float:
-        return {"smoke": 2.0, "quick": 5.0}.get(self.level, 10.0)
+        return {"smoke": 2.0, "quick": 4.0}.get(self.level, 10.0)
 
     @property
     def max_rates(self) -> list[float]:
         if self.level == "smoke":
             return [20.0, 40.0]
         if self.level == "quick":
-            return [60.0, 100.0, 150.0]
+            return [80.0, 120.0]
         return [60.0, 80.0, 100.0, 120.0, 150.0, 200.0, 250.0, 300.0]
 
     @property
     def fault_phases(self) -> tuple[float, float, float]:
         """Seconds before, during and after the outage."""
-        return {"smoke": (3.0, 4.0, 3.0), "quick": (4.0, 10.0, 6.0)}.get(
+        return {"smoke": (3.0, 4.0, 3.0), "quick": (3.0, 8.0, 4.0)}.get(
             self.level, (10.0, 40.0, 15.0)
         )
 
@@ -79,7 +79,7 @@ class Plan:
 
     @property
     def inflight_tasks(self) -> int:
-        return {"smoke": 50, "quick": 500}.get(self.level, 2000)
+        return {"smoke": 50, "quick": 300}.get(self.level, 2000)
 
 
 @dataclass
