@@ -130,7 +130,7 @@ class Bench:
             engine.dispose()
 
     def measure(
-        self, name: str, job: Job, rate: float, duration: float, *, max_threads: int = 256
+        self, job: Job, rate: float, duration: float, *, max_threads: int = 256
     ) -> tuple[list[Sample], float, float]:
         """Warm up briefly, then run the measured load; returns (samples, wall, peak MB)."""
         run_open_loop(job, min(rate, 20.0), 1.0, max_threads=max_threads)
@@ -162,7 +162,7 @@ def hub_single(bench: Bench, rate: float, duration: float, name: str = "single")
             },
         )
 
-    samples, wall, peak = bench.measure(name, job, rate, duration)
+    samples, wall, peak = bench.measure(job, rate, duration)
     return summarise(samples, wall, offered_rate=rate, lost=bench.lost(prefix), peak_rss_mb=peak)
 
 
@@ -186,7 +186,7 @@ def _baseline(
     def job(i: int) -> None:
         call(echo.url, f"{prefix}{i}", {"i": i})
 
-    samples, wall, _ = bench.measure(name, job, rate, duration)
+    samples, wall, _ = bench.measure(job, rate, duration)
     return summarise(samples, wall, offered_rate=rate)
 
 
@@ -207,7 +207,7 @@ def two_hop(bench: Bench) -> Summary:
             },
         )
 
-    samples, wall, peak = bench.measure("two_hop", job, rate, duration)
+    samples, wall, peak = bench.measure(job, rate, duration)
     return summarise(samples, wall, offered_rate=rate, lost=bench.lost(prefix), peak_rss_mb=peak)
 
 
@@ -231,7 +231,7 @@ def broadcast5(bench: Bench) -> Summary:
         if got < 5:
             raise clients.CallFailed(f"{got} of 5 targets answered")
 
-    samples, wall, peak = bench.measure("broadcast5", job, rate, duration)
+    samples, wall, peak = bench.measure(job, rate, duration)
     return summarise(samples, wall, offered_rate=rate, lost=bench.lost("b-"), peak_rss_mb=peak)
 
 

@@ -163,7 +163,8 @@ def deliver_attempt(
     with sessions.begin() as session:
         if outcome is Outcome.SUCCESS:
             body = answer.body if isinstance(answer.body, dict) else {}
-            if _finish_success(session, dispatch, body.get("data"), now()):
+            detail = {"instance_id": dispatch.instance_id, "attempt_seq": attempt_seq}
+            if succeed(session, task_id, body.get("data"), now(), detail) is not None:
                 return None
         return record_outcome(session, dispatch, outcome, answer, now(), dpolicy, rng)
 
@@ -188,7 +189,8 @@ class Claimed:
 
 _T = cast(Table, TaskRow.__table__)
 _EVENTS = cast(Table, TaskEventRow.__table__)
-_VIEW_COLUMNS = (
+# what callers see of a task (``task_view``, the success statement's RETURNING)
+VIEW_COLUMNS = (
     "task_id", "status", "method", "target", "agent_id", "instance_id", "attempt_seq",
     "retries", "result", "error", "trace", "session_id", "timeout_ms", "created_at",
     "updated_at", "finished_at",
@@ -255,7 +257,7 @@ _SUCCEED = (
         lease_token=None,
         lease_until=None,
     )
-    .returning(*(_T.c[name] for name in _VIEW_COLUMNS))
+    .returning(*(_T.c[name] for name in VIEW_COLUMNS))
 )
 _ADD_EVENT = insert(_EVENTS)
 
@@ -368,11 +370,6 @@ def _route(
     )
 
 
-def _finish_success(session: Session, d: _Dispatch, data: Any, now: float) -> bool:
-    detail = {"instance_id": d.instance_id, "attempt_seq": d.attempt_seq}
-    return succeed(session, d.task_id, data, now, detail) is not None
-
-
 def succeed(
     session: Session, task_id: str, data: Any, now: float, detail: dict[str, Any]
 ) -> dict[str, Any] | None:
@@ -385,7 +382,7 @@ def succeed(
     )
     if row is None:
         return None
-    view = dict(zip(_VIEW_COLUMNS, row, strict=True))
+    view = dict(zip(VIEW_COLUMNS, row, strict=True))
     _insert_event(
         session, task_id, view["agent_id"], view["instance_id"], view["attempt_seq"],
         "terminal_success", now, detail,
@@ -694,21 +691,4 @@ def report_progress(session: Session, task_id: str, detail: dict[str, Any], now:
 
 
 def task_view(task: TaskRow) -> dict[str, Any]:
-    return {
-        "task_id": task.task_id,
-        "status": task.status,
-        "method": task.method,
-        "target": task.target,
-        "agent_id": task.agent_id,
-        "instance_id": task.instance_id,
-        "attempt_seq": task.attempt_seq,
-        "retries": task.retries,
-        "result": task.result,
-        "error": task.error,
-        "trace": task.trace,
-        "session_id": task.session_id,
-        "timeout_ms": task.timeout_ms,
-        "created_at": task.created_at,
-        "updated_at": task.updated_at,
-        "finished_at": task.finished_at,
-    }
+    return {name: getattr(task, name) for name in VIEW_COLUMNS}

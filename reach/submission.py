@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from reach.breaker import BreakerState
 from reach.breaker import state as breaker_state
-from reach.delivery import task_view
+from reach.delivery import VIEW_COLUMNS, task_view
 from reach.errors import CircuitOpen, InvalidPayload, NoSuitableAgent, TaskConflict
 from reach.routing import RouteFilter
 from reach.schemas import SubmitRequest
@@ -148,20 +148,8 @@ def submit(
             "published_at": published_at,
         },
     )
-    view = {
-        **{k: values[k] for k in ("task_id", "status", "method", "target", "agent_id")},
-        "instance_id": None,
-        "attempt_seq": 1,
-        "retries": 0,
-        "result": None,
-        "error": None,
-        "trace": trace,
-        "session_id": req.session_id,
-        "timeout_ms": req.timeout_ms,
-        "created_at": now,
-        "updated_at": now,
-        "finished_at": None,
-    }
+    # the view of a row just written: what it holds, None for what it does not yet
+    view = {name: values.get(name) for name in VIEW_COLUMNS}
     return view, True
 
 
