@@ -43,7 +43,12 @@ class Publisher:
         return True
 
     def backlog(self) -> int | None:
-        """Messages waiting in the delivery queue; None if the broker cannot say."""
+        """Messages waiting in the delivery queue; None if the broker cannot say.
+
+        Only asked of Redis and AMQP brokers: the embedded transport would open a new
+        connection to its SQLite file on every relay tick, beside the workers' own."""
+        if not str(self.app.conf.broker_url or "").startswith(("redis", "amqp")):
+            return None
         try:
             with self.app.connection_for_read() as conn:
                 conn.ensure_connection(max_retries=1, interval_start=0, timeout=1)
