@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reach.settings import Settings
+from reach.hub.settings import Settings
 
 PROBE_QUEUE = "reach.probe"
 

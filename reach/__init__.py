@@ -3,18 +3,6 @@
 The public surface is what ``__all__`` lists; everything else is internal.
 """
 
-from reach.agent import ACCEPTED, Agent
-from reach.client import (
-    BroadcastResult,
-    Submission,
-    TaskResult,
-    broadcast,
-    get_task,
-    report_progress,
-    report_result,
-    send,
-    wait_for_result,
-)
 from reach.errors import (
     AgentTimeout,
     AgentUnreachable,
@@ -45,6 +33,18 @@ from reach.errors import (
     UnknownTask,
 )
 from reach.schemas import Capability
+from reach.sdk.agent import ACCEPTED, Agent
+from reach.sdk.caller import (
+    BroadcastResult,
+    Submission,
+    TaskResult,
+    broadcast,
+    get_task,
+    report_progress,
+    report_result,
+    send,
+    wait_for_result,
+)
 
 __version__ = "0.1.0"
 

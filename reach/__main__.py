@@ -1,3 +1,3 @@
-from reach.cli import main
+from reach.cli.commands import main
 
 main()

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 from jsonschema import Draft202012Validator, SchemaError
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from reach.endpoints import parse_endpoint
+from reach.core.endpoints import parse_endpoint
 
 AgentId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")]
 InstanceId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")]

@@ -1,4 +1,4 @@
-"""DAG node and finish tasks (the canvas itself is built by ``reach.canvas``).
+"""DAG node and finish tasks (the canvas itself is built by ``reach.worker.canvas``).
 
 Node tasks never hold a worker slot while an agent works: a node submits its reach task
 and, until that task is terminal, retries itself with a countdown (the slot is free in
@@ -11,9 +11,9 @@ from typing import Any
 
 from celery import shared_task
 
-from reach import dagruns
-from reach.dagruns import canvas_step
-from reach.delivery import Publish
+from reach.hub import dagruns
+from reach.hub.dagruns import canvas_step
+from reach.hub.delivery import Publish
 
 # Quick first looks for fast agents, then every 2 s for slow ones (bounded broker traffic).
 POLL_SECONDS = (0.1, 0.25, 0.5, 1.0, 2.0)
@@ -21,7 +21,7 @@ POLL_SECONDS = (0.1, 0.25, 0.5, 1.0, 2.0)
 
 @shared_task(name="reach.dag_node", bind=True, max_retries=None, acks_late=True)
 def dag_node(self: Any, run_id: str, node_id: str) -> dict[str, Any]:
-    from reach.worker_app import runtime
+    from reach.worker.app import runtime
 
     ctx = runtime()
     step = ctx.write(lambda s: dagruns.advance_node(s, run_id, node_id, ctx.clock.now()))
@@ -30,7 +30,7 @@ def dag_node(self: Any, run_id: str, node_id: str) -> dict[str, Any]:
 
 @shared_task(name="reach.dag_finish", acks_late=True)
 def dag_finish(run_id: str) -> str:
-    from reach.worker_app import runtime
+    from reach.worker.app import runtime
 
     ctx = runtime()
     return ctx.write(lambda s: dagruns.finish_run(s, run_id, ctx.clock.now()))
@@ -55,7 +55,7 @@ def reach_task(
     returns ``{"status", "data", "error", "task_id"}`` and never raises into the canvas;
     while the agent works it waits without holding a worker slot.
     """
-    from reach.worker_app import runtime
+    from reach.worker.app import runtime
 
     ctx = runtime()
     task_id = f"cv-{self.request.id}"

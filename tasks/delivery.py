@@ -1,4 +1,4 @@
-"""Delivery of one attempt: a thin shell over ``reach.delivery``.
+"""Delivery of one attempt: a thin shell over ``reach.hub.delivery``.
 
 Acks late and is rejected (requeued) when its worker dies; a duplicate copy of the
 message finds the attempt claimed or already finished and does nothing.
@@ -11,10 +11,10 @@ from functools import lru_cache
 
 from celery import shared_task
 
-from reach.breaking import Breakers
-from reach.delivery import deliver_attempt
-from reach.registry import CandidateCache
-from reach.transport import AgentTransport
+from reach.hub.agent_http import AgentTransport
+from reach.hub.breakers import Breakers
+from reach.hub.delivery import deliver_attempt
+from reach.hub.registry import CandidateCache
 
 
 @lru_cache(maxsize=1)
@@ -28,14 +28,14 @@ _breakers = Breakers()  # this worker process's failure windows (each prefork ch
 
 @lru_cache(maxsize=1)
 def candidates() -> CandidateCache:
-    from reach.worker_app import settings
+    from reach.worker.app import settings
 
     return CandidateCache(settings.router.candidate_ttl)
 
 
 @shared_task(name="reach.deliver", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def deliver(task_id: str, attempt_seq: int) -> None:
-    from reach.worker_app import runtime
+    from reach.worker.app import runtime
 
     ctx = runtime()
     retry = deliver_attempt(

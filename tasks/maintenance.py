@@ -6,7 +6,7 @@ import logging
 
 from celery import shared_task
 
-from reach import monitoring
+from reach.hub import monitoring
 
 log = logging.getLogger("reach.tasks.maintenance")
 
@@ -14,7 +14,7 @@ log = logging.getLogger("reach.tasks.maintenance")
 @shared_task(name="reach.reachability_sweep", ignore_result=True)
 def reachability_sweep() -> list[str]:
     """Reassess every instance (heartbeats may have stopped); persist transitions."""
-    from reach.worker_app import runtime
+    from reach.worker.app import runtime
 
     ctx = runtime()
     with ctx.transaction() as session:

@@ -7,7 +7,7 @@ import random
 
 from celery import shared_task
 
-from reach import outbox
+from reach.hub import outbox
 
 log = logging.getLogger("reach.tasks.outbox")
 _rng = random.Random()
@@ -15,7 +15,7 @@ _rng = random.Random()
 
 @shared_task(name="reach.outbox_relay", ignore_result=True)
 def outbox_relay() -> dict[str, int]:
-    from reach.worker_app import runtime
+    from reach.worker.app import runtime
 
     ctx = runtime()
     now = ctx.clock.now()

@@ -11,8 +11,8 @@ from functools import lru_cache
 
 from celery import shared_task
 
-from reach import monitoring
-from reach.probing import ProbePool, ProbeTarget, probe_once
+from reach.hub import monitoring
+from reach.hub.probing import ProbePool, ProbeTarget, probe_once
 
 log = logging.getLogger("reach.tasks.probing")
 
@@ -24,7 +24,7 @@ def probe_pool(size: int) -> ProbePool:
 
 @shared_task(name="reach.probe_sweep", ignore_result=True)
 def probe_sweep() -> dict[str, int]:
-    from reach.worker_app import runtime
+    from reach.worker.app import runtime
 
     ctx = runtime()
     policy = ctx.policy
@@ -41,7 +41,7 @@ def probe_sweep() -> dict[str, int]:
 
 
 def _probe_and_record(target: ProbeTarget) -> None:
-    from reach.worker_app import runtime
+    from reach.worker.app import runtime
 
     ctx = runtime()
     try:

@@ -23,7 +23,7 @@ import pytest
 import requests
 from sqlalchemy import Engine, MetaData, select
 
-from reach.storage import create_engine_for, upgrade_database
+from reach.hub.storage import create_engine_for, upgrade_database
 
 REPO = Path(__file__).resolve().parent.parent
 PG_ADMIN_DSN = os.environ.get(

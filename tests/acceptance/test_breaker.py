@@ -17,8 +17,8 @@ import requests
 from sqlalchemy import func, select
 
 import reach
-from reach.storage import create_engine_for
-from reach.storage.models import TaskRow
+from reach.hub.storage import create_engine_for
+from reach.hub.storage.models import TaskRow
 from tests.conftest import AgentProcess, Stack, wait_until
 
 TRIAL_INTERVAL = 3.0

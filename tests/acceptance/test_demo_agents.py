@@ -295,8 +295,8 @@ def test_hand_composed_canvas_is_tracked_by_the_hub(
 ) -> None:
     from celery import chain, chord
 
-    from reach.celery_app import create_celery
-    from reach.settings import load_settings
+    from reach.hub.settings import load_settings
+    from reach.worker.factory import create_celery
 
     app = create_celery(load_settings(environ=stack.env))
 

@@ -13,8 +13,8 @@ import pytest
 import requests
 from sqlalchemy import select
 
-from reach.storage import create_engine_for, session_factory
-from reach.storage.models import InstanceRow
+from reach.hub.storage import create_engine_for, session_factory
+from reach.hub.storage.models import InstanceRow
 from tests.conftest import REPO, HubProcess, free_port, hub_env, wait_http_ok, wait_until
 
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
@@ -164,7 +164,7 @@ def test_reach_up_runs_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
         up.stop()
     assert code == 0, up.output()
     # the demo agents deregistered on the way out
-    from reach.storage import create_engine_for as mk
+    from reach.hub.storage import create_engine_for as mk
 
     engine = mk(f"sqlite:///{tmp_path}/reach.db")
     with session_factory(engine)() as s:

@@ -18,8 +18,8 @@ import pytest
 from sqlalchemy import func, select
 
 import reach
-from reach.storage import create_engine_for, session_factory
-from reach.storage.models import TaskRow
+from reach.hub.storage import create_engine_for, session_factory
+from reach.hub.storage.models import TaskRow
 from tests.conftest import (
     AgentProcess,
     Stack,
@@ -155,7 +155,7 @@ def submit_all(stack: Stack, ids: list[str], pause: float = 0.0) -> list[str]:
 
 def recovery_events(store_url: str) -> Counter[str]:
     """How the safety nets stepped in: retries by reason, republished attempts."""
-    from reach.storage.models import TaskEventRow
+    from reach.hub.storage.models import TaskEventRow
 
     engine = create_engine_for(store_url)
     try:

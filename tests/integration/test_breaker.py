@@ -13,17 +13,17 @@ from prometheus_client import REGISTRY
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from reach import registry, submission
-from reach.breaking import Breakers, claim_trial
-from reach.clock import ManualClock
-from reach.delivery import DeliveryPolicy, Publish, deliver_attempt
 from reach.errors import CircuitOpen
-from reach.monitoring import Policy
+from reach.hub import registry, submission
+from reach.hub.agent_http import AgentTransport
+from reach.hub.breakers import Breakers, claim_trial
+from reach.hub.clock import ManualClock
+from reach.hub.delivery import DeliveryPolicy, Publish, deliver_attempt
+from reach.hub.monitoring import Policy
+from reach.hub.settings import Settings
+from reach.hub.storage import session_factory
+from reach.hub.storage.models import InstanceEventRow, InstanceRow, TaskEventRow
 from reach.schemas import HeartbeatRequest, RegisterRequest, SubmitRequest
-from reach.settings import Settings
-from reach.storage import session_factory
-from reach.storage.models import InstanceEventRow, InstanceRow, TaskEventRow
-from reach.transport import AgentTransport
 from tests.conftest import snapshot
 from tests.support.envelope_server import EnvelopeServer
 

@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from reach.completions import MAX_CARRIED_BYTES, CompletionBus, Waiters, mark_finished
-from reach.storage import session_factory
+from reach.hub.storage import session_factory
+from reach.hub.wakeups import MAX_CARRIED_BYTES, CompletionBus, Waiters, mark_finished
 
 pytestmark = pytest.mark.redis
 

@@ -6,15 +6,16 @@ from __future__ import annotations
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from reach import dagruns, dags, registry
-from reach.clock import ManualClock
-from reach.dags import NodeStatus
-from reach.delivery import finish, load_for_update
-from reach.monitoring import Policy
+from reach.core import dags
+from reach.core.dags import NodeStatus
+from reach.hub import dagruns, registry
+from reach.hub.clock import ManualClock
+from reach.hub.delivery import finish, load_for_update
+from reach.hub.monitoring import Policy
+from reach.hub.settings import Settings
+from reach.hub.storage import session_factory
+from reach.hub.storage.models import TaskRow
 from reach.schemas import RegisterRequest
-from reach.settings import Settings
-from reach.storage import session_factory
-from reach.storage.models import TaskRow
 
 SPEC = dags.parse_dag(
     {

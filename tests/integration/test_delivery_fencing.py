@@ -11,16 +11,16 @@ import pytest
 from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from reach import outbox, registry, submission
-from reach.breaking import Breakers
-from reach.clock import ManualClock
-from reach.delivery import DeliveryPolicy, Publish, deliver_attempt
-from reach.monitoring import Policy
+from reach.hub import outbox, registry, submission
+from reach.hub.agent_http import AgentTransport
+from reach.hub.breakers import Breakers
+from reach.hub.clock import ManualClock
+from reach.hub.delivery import DeliveryPolicy, Publish, deliver_attempt
+from reach.hub.monitoring import Policy
+from reach.hub.settings import Settings
+from reach.hub.storage import session_factory
+from reach.hub.storage.models import OutboxRow, TaskEventRow, TaskRow
 from reach.schemas import RegisterRequest, SubmitRequest
-from reach.settings import Settings
-from reach.storage import session_factory
-from reach.storage.models import OutboxRow, TaskEventRow, TaskRow
-from reach.transport import AgentTransport
 from tests.support.envelope_server import EnvelopeServer
 
 SETTINGS = Settings.model_validate({"router": {"backoff_base": 0.5, "read_timeout": 5}})
@@ -116,7 +116,7 @@ def test_lost_worker_is_recovered_and_its_zombie_copy_is_fenced(
     clock = ManualClock()
     task_id = setup(sessions, clock, agent.addr)
     dpolicy = DeliveryPolicy.from_settings(SETTINGS)
-    from reach.delivery import claim
+    from reach.hub.delivery import claim
 
     with sessions.begin() as s:  # a worker claims the attempt, then dies before sending
         assert claim(s, task_id, 1, clock.now(), dpolicy) is not None
@@ -206,7 +206,7 @@ def test_overdue_attempts_behind_a_backlog_are_waiting_not_lost(
 def test_claim_leases_for_connect_plus_read_plus_margin(
     sessions: sessionmaker[Session], agent: EnvelopeServer, timeout_ms: int, read: float
 ) -> None:
-    from reach.delivery import claim
+    from reach.hub.delivery import claim
 
     clock = ManualClock()
     task_id = setup(sessions, clock, agent.addr)
@@ -229,7 +229,7 @@ def test_claim_leases_for_connect_plus_read_plus_margin(
 def test_claim_after_a_lapsed_lease_counts_a_redelivery(
     sessions: sessionmaker[Session], agent: EnvelopeServer
 ) -> None:
-    from reach.delivery import claim
+    from reach.hub.delivery import claim
 
     clock = ManualClock()
     task_id = setup(sessions, clock, agent.addr)
@@ -246,8 +246,8 @@ def test_claim_after_a_lapsed_lease_counts_a_redelivery(
 def test_candidate_cache_reuses_for_its_ttl_and_forgets_on_clear(
     sessions: sessionmaker[Session], agent: EnvelopeServer
 ) -> None:
-    from reach.registry import CandidateCache
-    from reach.routing import RouteFilter
+    from reach.core.routing import RouteFilter
+    from reach.hub.registry import CandidateCache
 
     clock = ManualClock()
     setup(sessions, clock, agent.addr)

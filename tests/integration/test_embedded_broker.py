@@ -16,7 +16,7 @@ def test_losing_the_queue_creation_race_reads_the_winners_row(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url = f"sqlite:///{tmp_path}/broker.db"
-    with Connection(url, transport="reach.embedded_broker:Transport") as conn:
+    with Connection(url, transport="reach.worker.embedded_broker:Transport") as conn:
         channel: Any = conn.default_channel
         channel._get_or_create("warm-up")  # creates the tables
         # another process wins the race: its row lands between our lookup and our insert

@@ -6,8 +6,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Engine, inspect
 
-from reach.storage.engine import database_revision_problem, downgrade_database, upgrade_database
-from reach.storage.models import Base
+from reach.hub.storage.engine import database_revision_problem, downgrade_database, upgrade_database
+from reach.hub.storage.models import Base
 
 TABLES = {"agents", "instances", "tasks", "task_events", "outbox", "dead_letters"}
 

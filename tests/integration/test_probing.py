@@ -6,15 +6,15 @@ import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from reach import monitoring, registry
-from reach.clock import ManualClock
-from reach.monitoring import Policy
-from reach.probing import ProbeTarget, probe_once
+from reach.core.scoring import rtt_subscore
+from reach.hub import monitoring, registry
+from reach.hub.clock import ManualClock
+from reach.hub.monitoring import Policy
+from reach.hub.probing import ProbeTarget, probe_once
+from reach.hub.settings import Settings
+from reach.hub.storage import session_factory
+from reach.hub.storage.models import InstanceRow
 from reach.schemas import RegisterRequest
-from reach.scoring import rtt_subscore
-from reach.settings import Settings
-from reach.storage import session_factory
-from reach.storage.models import InstanceRow
 from tests.support.listeners import SlowHttpListener, closed_port
 
 

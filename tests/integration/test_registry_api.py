@@ -9,10 +9,10 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, select
 
-from reach.api import HubContext, create_app
-from reach.clock import ManualClock
-from reach.settings import load_settings
-from reach.storage.models import InstanceRow
+from reach.hub.api import HubContext, create_app
+from reach.hub.clock import ManualClock
+from reach.hub.settings import load_settings
+from reach.hub.storage.models import InstanceRow
 from tests.conftest import snapshot
 
 PROBLEM = "application/problem+json"
@@ -207,11 +207,11 @@ def test_deregister_hides_instance_and_refuses_its_heartbeats(client: TestClient
 
 
 def test_sweep_persists_offline(client: TestClient, engine: Engine, clock: ManualClock) -> None:
-    from reach import monitoring
-    from reach.monitoring import Policy
-    from reach.settings import Settings
-    from reach.storage import session_factory
-    from reach.storage.models import InstanceEventRow
+    from reach.hub import monitoring
+    from reach.hub.monitoring import Policy
+    from reach.hub.settings import Settings
+    from reach.hub.storage import session_factory
+    from reach.hub.storage.models import InstanceEventRow
 
     policy = Policy.from_settings(Settings())
     client.post("/v1/agents/register", json=reg(instance_id="i-1", heartbeat_interval=2))

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from reach import outbox, registry, submission
-from reach.context import HubContext
-from reach.delivery import Publish
+from reach.hub import outbox, registry, submission
+from reach.hub.context import HubContext
+from reach.hub.delivery import Publish
+from reach.hub.settings import Settings
+from reach.hub.storage.models import OutboxRow, TaskRow
 from reach.schemas import RegisterRequest, SubmitRequest
-from reach.settings import Settings
-from reach.storage.models import OutboxRow, TaskRow
 from tests.conftest import free_port
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import reach
-from reach.agent import Handler
+from reach.sdk.agent import Handler
 
 ADDR = "10.1.2.3:7001"
 TASK = {"task_id": "t-1", "payload": {"n": 1}}
@@ -365,7 +365,7 @@ def test_accepted_answers_202_and_redelivery_does_not_rerun(agent: reach.Agent) 
 
 
 def test_handler_sees_its_trace_and_nested_sends_continue_it(agent: reach.Agent) -> None:
-    from reach import trace
+    from reach.sdk import trace
 
     seen: list[Any] = []
 
@@ -397,6 +397,6 @@ def test_answers_leave_without_waiting_for_nagle(agent: reach.Agent) -> None:
     """Headers and body go out in two writes; with Nagle's algorithm on, the body waits
     for the hub's delayed ACK and every keep-alive delivery costs ~40 ms. The handler
     sets TCP_NODELAY on each accepted connection (StreamRequestHandler's switch)."""
-    from reach.agent import _make_request_handler
+    from reach.sdk.agent import _make_request_handler
 
     assert _make_request_handler(agent).disable_nagle_algorithm is True

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from reach.cli import app
+from reach.cli.commands import app
 
 
 def test_reach_bench_passes_its_options_to_the_harness() -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from reach.breaker import (
+from reach.core.breaker import (
     BreakerPolicy,
     BreakerPolicyError,
     BreakerState,
@@ -15,10 +15,10 @@ from reach.breaker import (
     counts_as_success,
     state,
 )
-from reach.breaking import Breakers, Ticket
-from reach.delivery import DeliveryPolicy
-from reach.retry import Outcome
-from reach.settings import load_settings
+from reach.core.retry import Outcome
+from reach.hub.breakers import Breakers, Ticket
+from reach.hub.delivery import DeliveryPolicy
+from reach.hub.settings import load_settings
 
 SMALL = BreakerPolicy(window_s=10, failure_ratio=0.5, min_volume=4, trial_interval_s=30)
 
@@ -240,7 +240,7 @@ def test_counts_slide_by_whole_seconds(now: float, expected: tuple[int, int]) ->
     assert window.counts(now) == expected
 
 
-# -- the per-process book of windows (reach.breaking.Breakers, memory only) ------------------
+# -- the per-process book of windows (reach.hub.breakers.Breakers, memory only) ------------------
 
 
 def ticket(opened_at: float = 0.0, trial: bool = False) -> Ticket:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from reach.api.broadcasts import _answers_missing
+from reach.hub.api.routes.broadcasts import _answers_missing
 
 
 def _view(statuses: list[str], min_results: int) -> dict[str, Any]:

@@ -79,7 +79,7 @@ def test_compose_services_healthchecks_env_and_commands() -> None:
     assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
 
     worker_check = " ".join(_argv(services["worker"]["healthcheck"]["test"]))
-    assert "celery -A reach.worker_app inspect ping" in worker_check
+    assert "celery -A reach.worker.app inspect ping" in worker_check
     api_check = " ".join(_argv(services["api"]["healthcheck"]["test"]))
     assert "http://127.0.0.1:8800/healthz" in api_check
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from reach.dags import (
+from reach.core.dags import (
     And,
     Compare,
     DagSpec,

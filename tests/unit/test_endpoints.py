@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from reach.endpoints import Endpoint, parse_endpoint
+from reach.core.endpoints import Endpoint, parse_endpoint
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from reach.health import InstanceStatus
-from reach.reachability import (
+from reach.core.health import InstanceStatus
+from reach.core.reachability import (
     DEFAULT_REACHABILITY_CONFIG,
     Alert,
     Assessment,
@@ -20,7 +20,7 @@ from reach.reachability import (
     next_probe_delay,
     rise_streak,
 )
-from reach.scoring import ProbeSample, ProbeWindow, ScoreConfig
+from reach.core.scoring import ProbeSample, ProbeWindow, ScoreConfig
 
 ONLINE = InstanceStatus.ONLINE
 DEGRADED = InstanceStatus.DEGRADED

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from reach.retry import (
+from reach.core.retry import (
     Outcome,
     RetryPolicy,
     RetryPolicyError,

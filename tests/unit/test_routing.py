@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 
-from reach.errors import NoSuitableAgent, RoutingError
-from reach.health import InstanceStatus
-from reach.routing import (
+from reach.core.health import InstanceStatus
+from reach.core.routing import (
     DEFAULT_TIE_MARGIN,
     Candidate,
     RouteFilter,
@@ -21,6 +20,7 @@ from reach.routing import (
     matches,
     rank,
 )
+from reach.errors import NoSuitableAgent, RoutingError
 
 ONLINE = InstanceStatus.ONLINE
 DEGRADED = InstanceStatus.DEGRADED

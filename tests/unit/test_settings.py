@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from reach.errors import ConfigError
-from reach.settings import Settings, load_settings
+from reach.hub.settings import Settings, load_settings
 
 
 def write_config(tmp_path: Path, text: str) -> Path:

@@ -1,0 +1,522 @@
+"""The ``reach`` command line: run the hub's processes and look at the fleet."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from reach.errors import ConfigError, ReachError
+from reach.hub.settings import Settings, load_settings
+
+app = typer.Typer(help="Agent-Reach: the reach layer between AI agents.", no_args_is_help=True)
+db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+console = Console()
+err_console = Console(stderr=True, soft_wrap=True)
+
+HubOption = Annotated[
+    str | None, typer.Option("--hub", help="Hub URL (default: $REACH_HUB_URL or 127.0.0.1:8800)")
+]
+
+STATUS_STYLE = {
+    "online": "green",
+    "degraded": "yellow",
+    "unreachable": "red",
+    "offline": "bright_black",
+    "deregistered": "bright_black",
+}
+
+
+def _settings() -> Settings:
+    try:
+        settings = load_settings()
+    except ConfigError as exc:
+        err_console.print(f"[red]configuration error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    # Before prometheus_client is imported anywhere: every hub process writes its
+    # counters into one directory, and /metrics merges them.
+    metrics_dir = settings.storage.home_path / "metrics"
+    metrics_dir.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(metrics_dir))
+    return settings
+
+
+@app.command()
+def up(
+    port: Annotated[int | None, typer.Option(help="API port (default: server.port)")] = None,
+    no_demo: Annotated[
+        bool, typer.Option("--no-demo", help="Do not start the demo agents")
+    ] = False,
+    concurrency: Annotated[int, typer.Option(help="Worker concurrency")] = 2,
+    demo_port: Annotated[int, typer.Option(help="First port of the demo agents")] = 7101,
+) -> None:
+    """Run API, worker, beat (and demo agents) in one command."""
+    from reach.cli.supervisor import run_up
+
+    settings = _settings()
+    raise typer.Exit(
+        run_up(
+            settings,
+            port=port or settings.server.port,
+            demo=not no_demo,
+            concurrency=concurrency,
+            demo_port=demo_port,
+        )
+    )
+
+
+@app.command()
+def api(
+    port: Annotated[int | None, typer.Option(help="Port (default: server.port)")] = None,
+    host: Annotated[str | None, typer.Option(help="Bind address (default: server.host)")] = None,
+) -> None:
+    """Run the HTTP API."""
+    import uvicorn
+
+    from reach.hub.api import HubContext, create_app
+    from reach.hub.storage.engine import database_revision_problem
+
+    settings = _settings()
+    url = settings.storage.resolved_database_url
+    problem = database_revision_problem(url)
+    if problem:
+        err_console.print(f"[red]database not ready:[/red] {problem}")
+        raise typer.Exit(2)
+    ctx = HubContext.from_settings(settings)
+    bind = host or settings.server.host
+    if settings.server.admin_port is None:
+        uvicorn.run(
+            create_app(ctx),
+            host=bind,
+            port=port or settings.server.port,
+            log_level="info",
+            access_log=False,
+        )
+        return
+    from reach.hub.api.app import Surface
+    from reach.hub.api.serve import serve_together
+
+    serve_together(
+        [
+            (create_app(ctx, Surface.PUBLIC), bind, port or settings.server.port),
+            (create_app(ctx, Surface.ADMIN), bind, settings.server.admin_port),
+        ]
+    )
+
+
+class WorkerPool(StrEnum):
+    PREFORK = "prefork"
+    THREADS = "threads"
+    SOLO = "solo"
+
+
+@app.command()
+def worker(
+    concurrency: Annotated[int, typer.Option(help="Worker processes (or threads)")] = 2,
+    queues: Annotated[str, typer.Option(help="Queues to consume")] = "reach,reach.probe",
+    loglevel: Annotated[str, typer.Option(help="Log level")] = "INFO",
+    pool: Annotated[
+        WorkerPool,
+        typer.Option(
+            help="prefork: a child process per slot; threads: many slots in one; solo: one"
+        ),
+    ] = WorkerPool.PREFORK,
+) -> None:
+    """Run a Celery worker (delivery, probing, sweeps)."""
+    _settings()
+    from reach.worker.app import app as celery_app
+
+    celery_app.worker_main(
+        [
+            "worker",
+            f"--concurrency={concurrency}",
+            f"--pool={pool.value}",
+            "-Q",
+            queues,
+            f"--loglevel={loglevel}",
+        ]
+    )
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,  # --help goes to the harness, which knows its options
+)
+def bench(ctx: typer.Context) -> None:
+    """Run the benchmark table (same options as ``python -m bench``; try ``--quick``)."""
+    try:
+        from bench.cli import main as bench_main
+    except ImportError as exc:
+        err_console.print(
+            f"[red]benchmarks need the bench extra:[/red] pip install -e '.[bench]' ({exc})"
+        )
+        raise typer.Exit(2) from None
+    bench_main(list(ctx.args))
+
+
+@app.command()
+def beat(loglevel: Annotated[str, typer.Option(help="Log level")] = "INFO") -> None:
+    """Run Celery beat with the schedule in beat_schedule.py (run exactly one)."""
+    settings = _settings()
+    from reach.worker.app import app as celery_app
+
+    home = settings.storage.home_path
+    home.mkdir(parents=True, exist_ok=True)
+    celery_app.start(
+        ["beat", f"--loglevel={loglevel}", f"--schedule={home / 'celerybeat-schedule'}"]
+    )
+
+
+@app.command()
+def flower(port: Annotated[int, typer.Option(help="Flower port")] = 5555) -> None:
+    """Run Flower against the configured broker."""
+    _settings()
+    from reach.worker.app import app as celery_app
+
+    celery_app.start(["flower", f"--port={port}", "--address=127.0.0.1"])
+
+
+@app.command()
+def agents(
+    tag: Annotated[list[str] | None, typer.Option(help="Only agents with this tag")] = None,
+    capability: Annotated[str | None, typer.Option(help="Only agents with this capability")] = None,
+    status: Annotated[str | None, typer.Option(help="Only instances in this status")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
+    hub: HubOption = None,
+) -> None:
+    """List agents and their instances."""
+    from reach.sdk.hub_client import HubClient
+
+    params: dict[str, Any] = {"tag": tag or [], "capability": capability, "status": status}
+    try:
+        body = HubClient(hub).get("/api/v1/agents", params={k: v for k, v in params.items() if v})
+    except ReachError as exc:
+        err_console.print(f"[red]{type(exc).__name__}:[/red] {exc}")
+        raise typer.Exit(1) from None
+    if as_json:
+        print(json.dumps(body, indent=2))
+        return
+    console.print(agents_table(body["agents"]))
+
+
+def agents_table(agents: list[dict[str, Any]]) -> Table:
+    table = Table(title="Agents", show_lines=False)
+    for column in (
+        "agent",
+        "instance",
+        "status",
+        "score",
+        "endpoint",
+        "last heartbeat",
+        "load",
+        "in flight",
+        "tags",
+        "capabilities",
+    ):
+        table.add_column(column)
+    for agent in agents:
+        caps = ", ".join(c["type"] for c in agent["capabilities"])
+        tags = ", ".join(agent["tags"])
+        if not agent["instances"]:
+            table.add_row(agent["agent_id"], "-", "offline", "-", "-", "-", "-", "-", tags, caps)
+        for inst in agent["instances"]:
+            style = STATUS_STYLE.get(inst["status"], "white")
+            table.add_row(
+                agent["agent_id"],
+                inst["instance_id"][:12],
+                f"[{style}]{inst['status']}[/{style}]",
+                _score_cell(inst.get("reach_score")),
+                inst.get("public_endpoint") or inst["endpoint"],
+                f"{inst['heartbeat_age_s']:.1f}s ago",
+                f"{inst['current_load']:.0%}",
+                f"{inst['in_flight']}/{inst['max_concurrency']}",
+                tags,
+                caps,
+            )
+    return table
+
+
+def _score_cell(score: float | None) -> str:
+    if score is None:
+        return "-"
+    colour = "green" if score >= 80 else "yellow" if score >= 60 else "red"
+    return f"[{colour}]{score:.1f}[/{colour}]"
+
+
+tasks_app = typer.Typer(help="Tasks.", no_args_is_help=True)
+dlq_app = typer.Typer(help="The dead-letter queue.", no_args_is_help=True)
+app.add_typer(tasks_app, name="tasks")
+app.add_typer(dlq_app, name="dlq")
+
+
+def _fail(exc: ReachError) -> NoReturn:
+    err_console.print(f"[red]{type(exc).__name__}:[/red] {exc}")
+    raise typer.Exit(1)
+
+
+@app.command()
+def send(
+    method: Annotated[str, typer.Argument(help="Method (capability type) to call")],
+    payload: Annotated[str, typer.Option(help="JSON object")] = "{}",
+    agent_id: Annotated[str | None, typer.Option("--agent", help="Agent ID")] = None,
+    tag: Annotated[list[str] | None, typer.Option(help="Required tag (repeatable)")] = None,
+    capability: Annotated[str | None, typer.Option(help="Required capability")] = None,
+    task_id: Annotated[str | None, typer.Option(help="Task ID (idempotency key)")] = None,
+    timeout_ms: Annotated[int, typer.Option(help="Task timeout (ms)")] = 30_000,
+    wait: Annotated[float, typer.Option(help="Seconds to wait for the result (0: don't)")] = 30.0,
+    hub: HubOption = None,
+) -> None:
+    """Send a task and (by default) wait for its result."""
+    from reach.sdk.caller import send as send_task
+    from reach.sdk.caller import wait_for_result
+
+    try:
+        body = json.loads(payload)
+    except ValueError as exc:
+        err_console.print(f"[red]--payload is not JSON:[/red] {exc}")
+        raise typer.Exit(2) from None
+    if not isinstance(body, dict):
+        err_console.print("[red]--payload must be a JSON object[/red]")
+        raise typer.Exit(2)
+    try:
+        sub = send_task(
+            method=method,
+            payload=body,
+            agent_id=agent_id,
+            tags=tag or (),
+            capability=capability,
+            task_id=task_id,
+            timeout_ms=timeout_ms,
+            hub=hub,
+        )
+        if wait <= 0:
+            print(json.dumps({"task_id": sub.task_id, "status": sub.status}))
+            return
+        result = wait_for_result(sub.task_id, timeout=wait, hub=hub)
+    except ReachError as exc:
+        _fail(exc)
+    print(
+        json.dumps(
+            {
+                "task_id": result.task_id,
+                "status": "success",
+                "agent_id": result.agent_id,
+                "result": result.data,
+            },
+            indent=2,
+        )
+    )
+
+
+@tasks_app.command("show")
+def tasks_show(task_id: str, hub: HubOption = None) -> None:
+    """Show a task and its audit trail."""
+    from reach.sdk.hub_client import HubClient
+
+    client = HubClient(hub)
+    try:
+        task = client.get(f"/v1/tasks/{task_id}")
+        events = client.get(f"/v1/tasks/{task_id}/events")["events"]
+    except ReachError as exc:
+        _fail(exc)
+    finally:
+        client.close()
+    console.print(
+        f"[bold]{task['task_id']}[/bold]  {task['status']}  method={task['method']}  "
+        f"agent={task['agent_id']}  attempt={task['attempt_seq']}  "
+        f"retries={task['retries']}"
+    )
+    if task.get("result") is not None:
+        console.print(f"result: {json.dumps(task['result'])}")
+    if task.get("error"):
+        console.print(f"error: {json.dumps(task['error'])}")
+    table = Table(title="events")
+    for column in ("at", "kind", "attempt", "agent", "instance", "detail"):
+        table.add_column(column)
+    for e in events:
+        table.add_row(
+            f"{e['at']:.3f}",
+            e["kind"],
+            str(e["attempt_seq"]),
+            e["agent_id"] or "-",
+            (e["instance_id"] or "-")[:12],
+            json.dumps(e["detail"])[:120],
+        )
+    console.print(table)
+
+
+@dlq_app.command("list")
+def dlq_list(
+    all_: Annotated[bool, typer.Option("--all", help="Include replayed entries")] = False,
+    hub: HubOption = None,
+) -> None:
+    """List dead-lettered tasks."""
+    from reach.sdk.hub_client import HubClient
+
+    try:
+        rows = HubClient(hub).get(
+            "/api/v1/dead-letters", params={"include_replayed": str(all_).lower()}
+        )["dead_letters"]
+    except ReachError as exc:
+        _fail(exc)
+    table = Table(title="dead letters")
+    for column in ("id", "task", "agent", "method", "attempts", "reason", "replayed"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(
+            str(r["id"]),
+            r["task_id"],
+            r["agent_id"] or "-",
+            r["method"],
+            str(r["attempts"]),
+            r["reason"],
+            "yes" if r["replayed_at"] else "",
+        )
+    console.print(table)
+
+
+@dlq_app.command("show")
+def dlq_show(dead_id: int, hub: HubOption = None) -> None:
+    """Show one dead letter."""
+    from reach.sdk.hub_client import HubClient
+
+    try:
+        print(json.dumps(HubClient(hub).get(f"/api/v1/dead-letters/{dead_id}"), indent=2))
+    except ReachError as exc:
+        _fail(exc)
+
+
+@dlq_app.command("replay")
+def dlq_replay(dead_id: int, hub: HubOption = None) -> None:
+    """Replay a dead letter with a fresh retry budget."""
+    from reach.sdk.hub_client import HubClient
+
+    try:
+        print(json.dumps(HubClient(hub).post(f"/api/v1/dead-letters/{dead_id}/replay", {})))
+    except ReachError as exc:
+        _fail(exc)
+
+
+dag_app = typer.Typer(help="DAG runs.", no_args_is_help=True)
+app.add_typer(dag_app, name="dag")
+NODE_STYLE = {
+    "success": "green",
+    "failed": "red",
+    "timeout": "red",
+    "skipped": "bright_black",
+    "running": "yellow",
+    "pending": "white",
+}
+
+
+def _dag_table(run: dict[str, Any]) -> Table:
+    table = Table(
+        title=f"{run['name']}  {run['run_id']}  [bold]{run['status']}[/bold]",
+        caption=run.get("reason") or None,
+    )
+    for column in ("node", "status", "task", "reason"):
+        table.add_column(column)
+    for node in run["nodes"]:
+        style = NODE_STYLE.get(node["status"], "white")
+        table.add_row(
+            node["node_id"],
+            f"[{style}]{node['status']}[/{style}]",
+            node["task_id"] or "-",
+            (node["reason"] or "")[:80],
+        )
+    return table
+
+
+@dag_app.command("run")
+def dag_run(
+    path: Annotated[Path, typer.Argument(help="DAG file (JSON or YAML)", exists=True)],
+    input_json: Annotated[str, typer.Option("--input", help="Run input, a JSON object")] = "{}",
+    wait: Annotated[float, typer.Option(help="Seconds to follow the run (0: don't)")] = 120.0,
+    hub: HubOption = None,
+) -> None:
+    """Start a DAG run and follow its progress live."""
+    import time
+
+    from rich.live import Live
+
+    from reach.core.dags import dag_format, load_dag
+    from reach.sdk.hub_client import HubClient
+
+    try:
+        run_input = json.loads(input_json)
+        spec = load_dag(path.read_text(), dag_format(path.name))
+    except ValueError as exc:
+        err_console.print(f"[red]bad input:[/red] {exc}")
+        raise typer.Exit(2) from None
+    except ReachError as exc:
+        _fail(exc)
+    client = HubClient(hub)
+    try:
+        run = client.post(
+            "/api/v1/dag-runs", {"dag": spec.model_dump(mode="json"), "input": run_input}
+        )
+        deadline = time.monotonic() + wait
+        with Live(_dag_table(run), console=console, refresh_per_second=4) as live:
+            while run["status"] == "running" and time.monotonic() < deadline:
+                time.sleep(0.25)
+                run = client.get(f"/api/v1/dag-runs/{run['run_id']}")
+                live.update(_dag_table(run))
+    except ReachError as exc:
+        _fail(exc)
+    finally:
+        client.close()
+    if run["status"] == "failed":
+        raise typer.Exit(1)
+
+
+@dag_app.command("show")
+def dag_show(
+    run_id: str, as_json: Annotated[bool, typer.Option("--json")] = False, hub: HubOption = None
+) -> None:
+    """Show a DAG run and its nodes."""
+    from reach.sdk.hub_client import HubClient
+
+    try:
+        run = HubClient(hub).get(f"/api/v1/dag-runs/{run_id}")
+    except ReachError as exc:
+        _fail(exc)
+    if as_json:
+        print(json.dumps(run, indent=2))
+    else:
+        console.print(_dag_table(run))
+
+
+@db_app.command("upgrade")
+def db_upgrade(revision: Annotated[str, typer.Argument(help="Target revision")] = "head") -> None:
+    """Apply schema migrations (SQLite or PostgreSQL)."""
+    from reach.hub.storage import upgrade_database
+
+    settings = _settings()
+    url = settings.storage.resolved_database_url
+    upgrade_database(url, revision)
+    console.print(f"database at {_redact(url)} upgraded to {revision}")
+
+
+def _redact(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def main() -> None:
+    try:
+        app()
+    except ConfigError as exc:
+        err_console.print(f"[red]configuration error:[/red] {exc}")
+        sys.exit(2)
+
+
+__all__ = ["app", "main"]

@@ -1,0 +1,169 @@
+"""Per-target circuit breaker decisions, as pure functions: no I/O, no clock reads.
+
+DESIGN.md, "Flow control and safety": more than 50 % failures within 10 s opens an
+instance's breaker; while it is open the instance is out of the routing pool, and one trial
+request is let through every 30 s; a successful trial closes it. The point is the retry
+storm: without a breaker, every first attempt *and* every retry keeps hitting an instance
+that is failing, and callers wait through the whole backoff schedule for nothing.
+
+The breaker's state is stored on the instance as ``breaker_open_until`` (see `state`):
+
+=====================  ==========  =========================================================
+breaker_open_until     state       routing
+=====================  ==========  =========================================================
+None                   CLOSED      as usual
+> now                  OPEN        never; a submit whose every instance is OPEN fails fast
+<= now                 TRIAL_DUE   only by the one delivery that claims the trial
+=====================  ==========  =========================================================
+
+What an agent answer means for the breaker (`counts_as_success`): no answer, a timeout,
+408 or 5xx is a failure; a result, a business error or a 202 is a success (the instance
+answered, whatever it said); 429 is neither (a full queue is flow control, not a fault).
+
+`FailureWindow` counts outcomes in 1-second buckets over the last ``window_s`` seconds and
+says when to open. It never opens below ``min_volume`` outcomes in the window (Hystrix's
+"request volume threshold"): a handful of failing tasks -- a test, one caller's retries,
+the first request after a deploy -- is not evidence that an instance is broken, and at
+low volume a ratio swings from 0 % to 100 % on one answer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from enum import StrEnum
+
+from reach.core.retry import Outcome
+
+__all__ = [
+    "BreakerPolicy",
+    "BreakerPolicyError",
+    "BreakerState",
+    "FailureWindow",
+    "Transition",
+    "counts_as_success",
+    "state",
+]
+
+
+class BreakerPolicyError(ValueError):
+    """A BreakerPolicy value is invalid; `field` names the offending setting."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+def _is_int(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int)
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerPolicy:
+    """When a breaker opens and how often it tries again; ``min_volume`` 0 disables opening."""
+
+    window_s: int = 10
+    failure_ratio: float = 0.5
+    min_volume: int = 20
+    trial_interval_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.window_s) or self.window_s < 1:
+            raise BreakerPolicyError("window_s", f"must be an integer >= 1, got {self.window_s!r}")
+        if not _is_int(self.min_volume) or self.min_volume < 0:
+            raise BreakerPolicyError(
+                "min_volume", f"must be an integer >= 0, got {self.min_volume!r}"
+            )
+        ratio = self.failure_ratio
+        if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 <= ratio < 1:
+            raise BreakerPolicyError("failure_ratio", f"must be within [0, 1), got {ratio!r}")
+        trial = self.trial_interval_s
+        if isinstance(trial, bool) or not isinstance(trial, int | float) or not trial > 0:
+            raise BreakerPolicyError("trial_interval_s", f"must be > 0, got {trial!r}")
+        if not math.isfinite(trial):
+            raise BreakerPolicyError("trial_interval_s", f"must be finite, got {trial!r}")
+
+    @property
+    def enabled(self) -> bool:
+        """False when ``min_volume`` is 0: no window ever opens a breaker."""
+        return self.min_volume > 0
+
+
+class BreakerState(StrEnum):
+    CLOSED = "closed"
+    OPEN = "open"
+    TRIAL_DUE = "trial_due"
+
+
+def state(open_until: float | None, now: float) -> BreakerState:
+    """The breaker's state from the stored ``breaker_open_until`` (see the module table)."""
+    if open_until is None:
+        return BreakerState.CLOSED
+    return BreakerState.OPEN if now < open_until else BreakerState.TRIAL_DUE
+
+
+def counts_as_success(outcome: Outcome) -> bool | None:
+    """True for a success, False for a failure, None for an answer that counts as neither."""
+    if outcome is Outcome.TRANSIENT:
+        return False
+    if outcome is Outcome.BACKPRESSURE:
+        return None
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """The window's verdict: the breaker goes to ``to``, on this evidence."""
+
+    to: BreakerState
+    failures: int
+    total: int
+
+
+class FailureWindow:
+    """One instance's recent outcomes, in 1-second buckets over ``policy.window_s``.
+
+    Mutable and cheap: one per instance per process, fed on every answer. After it says
+    "open" it starts afresh, so one run of failures makes one transition, not one per
+    failure that follows. A clock that steps back counts into the newest bucket.
+    """
+
+    __slots__ = ("_buckets", "policy")
+
+    def __init__(self, policy: BreakerPolicy) -> None:
+        self.policy = policy
+        # [second, failures, total], oldest first
+        self._buckets: deque[list[int]] = deque()
+
+    def record(self, success: bool, now: float) -> Transition | None:
+        """Count one outcome at ``now``; a Transition to OPEN when the window trips."""
+        second = math.floor(now)
+        self._slide(second)
+        if self._buckets and self._buckets[-1][0] >= second:
+            bucket = self._buckets[-1]
+        else:
+            bucket = [second, 0, 0]
+            self._buckets.append(bucket)
+        bucket[1] += 0 if success else 1
+        bucket[2] += 1
+        failures, total = self._sums()
+        if not self.policy.enabled or total < self.policy.min_volume:
+            return None
+        if failures / total <= self.policy.failure_ratio:
+            return None
+        self._buckets.clear()
+        return Transition(BreakerState.OPEN, failures, total)
+
+    def counts(self, now: float) -> tuple[int, int]:
+        """(failures, total) within the window as of ``now``."""
+        self._slide(math.floor(now))
+        return self._sums()
+
+    def _slide(self, second: int) -> None:
+        oldest = second - self.policy.window_s + 1
+        while self._buckets and self._buckets[0][0] < oldest:
+            self._buckets.popleft()
+
+    def _sums(self) -> tuple[int, int]:
+        return sum(b[1] for b in self._buckets), sum(b[2] for b in self._buckets)

@@ -1,0 +1,235 @@
+"""Route selection: which instance of which agent gets a task, as a pure function.
+
+The caller (the delivery task) loads the registry and the reachability verdicts into
+`Candidate` objects and passes them in together with a `RouteFilter` and a `random.Random`;
+nothing here reads a clock, the network or a database, so every decision can be replayed
+from its inputs.
+
+The steps, in order:
+
+1. **Filter** (`matches`): the agent ID, every requested tag, the capability type and every
+   metadata rule must match. A filter naming none of agent ID, tags or capability is refused
+   when it is built -- a route is never a blind broadcast.
+2. **Drop** what cannot take work: instances not routable (by the reachability verdict, or
+   because their circuit breaker is open; see ``reach.core.breaker``), and any status other
+   than ONLINE or DEGRADED (offline, unreachable, deregistered).
+3. **Demote, never remove**: instances at ``max_concurrency`` and DEGRADED ones go after all
+   the others, so a capability whose instances are all busy still has a candidate (the agent
+   answers 429 and delivery backs off) rather than failing with "no suitable agent".
+4. **Rank** each tier by ReachScore (high first), then load (low first), then instance ID so
+   the order is deterministic.
+5. **Spread**: when the best two are in the same tier and within ``tie_margin`` points
+   (inclusive) of each other, pick one of those two at random, so a marginally better
+   instance does not become a hot spot.
+
+Metadata rules compare strictly by kind: a string never equals a number (``"1" != 1``) and a
+bool never equals a number (``True != 1``), while ints and floats compare by value
+(``1 == 1.0``), as they do once they have been through JSON.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, TypeAlias
+
+from reach.core.health import InstanceStatus
+from reach.errors import NoSuitableAgent
+
+__all__ = [
+    "DEFAULT_TIE_MARGIN",
+    "Candidate",
+    "MetadataValue",
+    "RouteFilter",
+    "choose",
+    "choose_excluding",
+    "matches",
+    "rank",
+]
+
+MetadataValue: TypeAlias = str | int | float | bool
+
+DEFAULT_TIE_MARGIN: Final = 5.0
+
+_ROUTABLE_STATUSES: Final = frozenset({InstanceStatus.ONLINE, InstanceStatus.DEGRADED})
+
+
+@dataclass(frozen=True, slots=True)
+class RouteFilter:
+    """What a task asks for: an agent ID, tags (all required), a capability, metadata rules.
+
+    At least one of `agent_id`, `tags` or `capability` must be given; `rules` only narrow a
+    selection, they never make one on their own.
+    """
+
+    agent_id: str | None = None
+    tags: tuple[str, ...] = ()
+    capability: str | None = None
+    rules: tuple[tuple[str, MetadataValue], ...] = ()
+
+    def __post_init__(self) -> None:
+        # A bare string would be iterated character by character: tags="gpu" -> g, p, u.
+        if isinstance(self.tags, str):
+            raise ValueError(f"tags: must be a tuple of tags, not the string {self.tags!r}")
+        if isinstance(self.rules, str) or any(
+            not isinstance(rule, tuple) or len(rule) != 2 for rule in self.rules
+        ):
+            raise ValueError(f"rules: must be (key, value) pairs, got {self.rules!r}")
+        if not (self.agent_id or self.tags or self.capability):
+            raise ValueError(
+                "a route filter needs agent_id, tags or capability (never a blind broadcast)"
+            )
+
+    def describe(self) -> str:
+        """Human text naming the filter, e.g. ``agent_id=doc-1, tags=[doc,gpu], region=east``."""
+        parts: list[str] = []
+        if self.agent_id:
+            parts.append(f"agent_id={self.agent_id}")
+        if self.tags:
+            parts.append(f"tags=[{','.join(self.tags)}]")
+        if self.capability:
+            parts.append(f"capability={self.capability}")
+        parts.extend(f"{key}={value}" for key, value in self.rules)
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One registered instance as routing sees it, with its reachability verdict."""
+
+    instance_id: str
+    agent_id: str
+    endpoint: str
+    status: InstanceStatus
+    routable: bool
+    reach_score: float
+    in_flight: int
+    max_concurrency: int
+    tags: tuple[str, ...] = ()
+    capabilities: tuple[str, ...] = ()
+    metadata: tuple[tuple[str, MetadataValue], ...] = ()
+    breaker_open_until: float | None = None  # as the store said when this was loaded
+    breaker_opened_at: float = 0.0
+
+    @property
+    def load(self) -> float:
+        """in_flight / max_concurrency; infinite for a busy instance that declares no slots."""
+        if self.max_concurrency <= 0:
+            return math.inf if self.in_flight > 0 else 1.0
+        return self.in_flight / self.max_concurrency
+
+    @property
+    def at_capacity(self) -> bool:
+        """True when every slot is taken (in_flight >= max_concurrency)."""
+        return self.in_flight >= self.max_concurrency
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int | float):
+        return "number"
+    return type(value).__name__
+
+
+def _rule_holds(metadata: dict[str, MetadataValue], key: str, wanted: MetadataValue) -> bool:
+    if key not in metadata:
+        return False
+    actual = metadata[key]
+    return _kind(actual) == _kind(wanted) and actual == wanted
+
+
+def matches(c: Candidate, flt: RouteFilter) -> bool:
+    """True when the candidate satisfies every part of the filter that is set."""
+    if flt.agent_id and c.agent_id != flt.agent_id:
+        return False
+    if flt.tags and not set(flt.tags) <= set(c.tags):
+        return False
+    if flt.capability and flt.capability not in c.capabilities:
+        return False
+    if flt.rules:
+        metadata = dict(c.metadata)
+        return all(_rule_holds(metadata, key, wanted) for key, wanted in flt.rules)
+    return True
+
+
+def _tier(c: Candidate) -> int:
+    """0 for an instance that can take work now, 1 for a demoted one (full or degraded)."""
+    return 1 if c.at_capacity or c.status is InstanceStatus.DEGRADED else 0
+
+
+def _rank_key(c: Candidate) -> tuple[int, float, float, str]:
+    return (_tier(c), -c.reach_score, c.load, c.instance_id)
+
+
+def rank(candidates: Sequence[Candidate], flt: RouteFilter) -> list[Candidate]:
+    """Matching, routable candidates, best first (see the module docstring for the order)."""
+    eligible = [
+        c for c in candidates if c.routable and c.status in _ROUTABLE_STATUSES and matches(c, flt)
+    ]
+    return sorted(eligible, key=_rank_key)
+
+
+def _filter_dict(flt: RouteFilter) -> dict[str, Any]:
+    """The filter as JSON-ready data, carried by NoSuitableAgent into the problem answer."""
+    return {
+        "agent_id": flt.agent_id,
+        "tags": list(flt.tags),
+        "capability": flt.capability,
+        "rules": {key: value for key, value in flt.rules},
+    }
+
+
+def _pick(ranked: Sequence[Candidate], rng: random.Random, tie_margin: float) -> Candidate:
+    best = ranked[0]
+    if len(ranked) >= 2:
+        second = ranked[1]
+        if _tier(best) == _tier(second) and best.reach_score - second.reach_score <= tie_margin:
+            return rng.choice((best, second))
+    return best
+
+
+def _no_suitable_agent(flt: RouteFilter) -> NoSuitableAgent:
+    return NoSuitableAgent(
+        f"no routable instance matches {flt.describe()}", filter=_filter_dict(flt)
+    )
+
+
+def choose(
+    candidates: Sequence[Candidate],
+    flt: RouteFilter,
+    rng: random.Random,
+    tie_margin: float = DEFAULT_TIE_MARGIN,
+) -> Candidate:
+    """The instance to deliver to; raises NoSuitableAgent when nothing matches.
+
+    When the best two share a tier and are within `tie_margin` points, one of the two is
+    drawn with ``rng.choice``; otherwise the best wins.
+    """
+    ranked = rank(candidates, flt)
+    if not ranked:
+        raise _no_suitable_agent(flt)
+    return _pick(ranked, rng, tie_margin)
+
+
+def choose_excluding(
+    candidates: Sequence[Candidate],
+    flt: RouteFilter,
+    rng: random.Random,
+    exclude: Collection[str],
+    tie_margin: float = DEFAULT_TIE_MARGIN,
+) -> Candidate:
+    """Like `choose`, but prefer instances whose ID is not in `exclude`.
+
+    Used on retry to steer away from the instance that just failed. Any instance outside
+    `exclude` beats every excluded one, even from a lower tier; when only excluded instances
+    remain, one of them is chosen rather than failing. A bare string is taken as one ID.
+    """
+    excluded = {exclude} if isinstance(exclude, str) else set(exclude)
+    ranked = rank(candidates, flt)
+    if not ranked:
+        raise _no_suitable_agent(flt)
+    preferred = [c for c in ranked if c.instance_id not in excluded]
+    return _pick(preferred or ranked, rng, tie_margin)

@@ -1,0 +1,157 @@
+"""Every error leaves the API as ``application/problem+json`` (RFC 9457) with a stable type.
+
+Also the request-size guard: bodies over the limit are refused before they are parsed.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from reach.errors import (
+    PROBLEM_TYPE_PREFIX,
+    InvalidRegistration,
+    MalformedRequest,
+    ReachError,
+    RequestTooLarge,
+)
+
+PROBLEM_JSON = "application/problem+json"
+log = logging.getLogger("reach.hub.api")
+
+
+def problem_response(error: ReachError, request: Request | None = None) -> JSONResponse:
+    instance = request.url.path if request is not None else None
+    return JSONResponse(
+        error.to_problem(instance),
+        status_code=error.status,
+        media_type=PROBLEM_JSON,
+        headers=error.headers() or None,
+    )
+
+
+def install_problem_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ReachError)
+    async def _reach_error(request: Request, exc: ReachError) -> JSONResponse:
+        return problem_response(exc, request)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [_clean_error(e) for e in exc.errors()]
+        if any(e["type"] in {"json_invalid", "json_type"} for e in errors) or (
+            errors and errors[0]["loc"] == ["body"] and errors[0]["type"] == "missing"
+        ):
+            return problem_response(
+                MalformedRequest("request body must be a JSON object", errors=errors), request
+            )
+        first = errors[0] if errors else {"loc": [], "msg": "invalid"}
+        where = ".".join(str(p) for p in first["loc"] if p != "body") or "body"
+        return problem_response(
+            InvalidRegistration(f"{where}: {first['msg']}", errors=errors), request
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        slug = {404: "not-found", 405: "method-not-allowed", 413: "payload-too-large"}.get(
+            exc.status_code, "http-error"
+        )
+        body = {
+            "type": PROBLEM_TYPE_PREFIX + slug,
+            "title": str(exc.detail),
+            "status": exc.status_code,
+            "detail": str(exc.detail),
+            "instance": request.url.path,
+        }
+        return JSONResponse(body, status_code=exc.status_code, media_type=PROBLEM_JSON)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        body = {
+            "type": PROBLEM_TYPE_PREFIX + "internal-error",
+            "title": "Internal error",
+            "status": 500,
+            "detail": "the hub failed to handle this request; see its log",
+            "instance": request.url.path,
+        }
+        return JSONResponse(body, status_code=500, media_type=PROBLEM_JSON)
+
+
+def _clean_error(err: Any) -> dict[str, Any]:
+    return {
+        "loc": [str(p) for p in err.get("loc", ())],
+        "msg": str(err.get("msg", "")),
+        "type": str(err.get("type", "")),
+    }
+
+
+class BodyLimitMiddleware:
+    """Refuse request bodies above ``max_bytes`` with a 413 problem, declared or streamed."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None:
+            try:
+                too_big = int(declared) > self.max_bytes
+            except ValueError:
+                too_big = False
+            if too_big:
+                await self._refuse(scope, send)
+                return
+        seen = 0
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _BodyTooLarge()
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except _BodyTooLarge:
+            if not started:
+                await self._refuse(scope, send)
+
+    async def _refuse(self, scope: Scope, send: Send) -> None:
+        error = RequestTooLarge(
+            f"request body exceeds {self.max_bytes} bytes; send a reference instead",
+            limit=self.max_bytes,
+        )
+        response = JSONResponse(
+            error.to_problem(scope.get("path")), status_code=413, media_type=PROBLEM_JSON
+        )
+        await response(scope, _empty_receive, send)
+
+
+class _BodyTooLarge(StarletteHTTPException):
+    """Raised from ``receive``; FastAPI lets HTTP exceptions through its body parsing."""
+
+    def __init__(self) -> None:
+        super().__init__(413, "request body exceeds the configured limit")
+
+
+async def _empty_receive() -> Message:
+    return {"type": "http.disconnect"}

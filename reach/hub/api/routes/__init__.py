@@ -1,0 +1,1 @@
+"""Route groups of the API, one module per resource."""

@@ -1,0 +1,77 @@
+"""Broadcast endpoints: fan one request out as a Celery group, read the aggregate."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from fastapi.responses import JSONResponse
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+
+from reach.hub import broadcast
+from reach.hub.api.longpoll import long_poll
+from reach.hub.context import HubContext
+from reach.hub.delivery import unmark_published
+from reach.hub.submission import TERMINAL
+from reach.hub.wakeups import Waiters
+from reach.schemas import BroadcastRequest
+from reach.worker.canvas import fan_out
+
+MAX_WAIT_S = 60.0
+
+
+def broadcast_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
+    router = APIRouter(prefix="/v1/broadcasts", tags=["broadcasts"])
+
+    @router.post("", status_code=201, responses={404: {}, 422: {}})
+    def start(body: BroadcastRequest) -> JSONResponse:
+        def work(session: Session) -> tuple[str, list[str]]:
+            now = ctx.clock.now()
+            row = broadcast.start(session, body, now, ctx.policy, published_at=now)
+            return row.broadcast_id, [t["task_id"] for t in row.targets]
+
+        broadcast_id, task_ids = ctx.write(work)
+        try:
+            fan_out(ctx.publisher.app, task_ids).apply_async()
+        except Exception:  # the broker is down: hand the attempts to the relay
+            with ctx.transaction() as session:
+                for task_id in task_ids:
+                    unmark_published(session, task_id, 1)
+        return JSONResponse(_read(ctx, broadcast_id), status_code=201)
+
+    @router.get("/{broadcast_id}", responses={404: {}})
+    async def get(
+        broadcast_id: str, wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 0.0
+    ) -> dict[str, Any]:
+        """The aggregate; with ``wait``, hold until it is complete or time is up."""
+        first = await run_in_threadpool(_read, ctx, broadcast_id)
+        if not wait or first["complete"]:
+            return first
+        targets = [t["task_id"] for t in first["results"]]
+        return await long_poll(
+            # read afresh: long_poll reads only once it watches, so no answer that
+            # lands after ``first`` can slip past it
+            lambda: _read(ctx, broadcast_id),
+            lambda v: v["complete"],
+            wait,
+            waiters=waiters,
+            keys=targets,
+            wake_after=_answers_missing,
+            reread_within=first["deadline"] - ctx.clock.now(),
+        )
+
+    return router
+
+
+def _answers_missing(view: dict[str, Any]) -> int:
+    """How many more targets must finish before the aggregate can be complete: enough
+    successes for ``min_results``, or every target (whichever comes first)."""
+    results = view["results"]
+    pending = sum(1 for r in results if r["status"] not in TERMINAL)
+    return min(max(0, int(view["min_results"]) - int(view["succeeded"])), pending)
+
+
+def _read(ctx: HubContext, broadcast_id: str) -> dict[str, Any]:
+    with ctx.transaction() as session:
+        return broadcast.aggregate(session, broadcast_id, ctx.clock.now())

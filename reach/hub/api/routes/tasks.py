@@ -1,0 +1,179 @@
+"""Task endpoints: submit, read (with long-poll), result and progress reports, audit trail,
+and the operator's dead-letter queue."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from fastapi.responses import JSONResponse
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+
+from reach.errors import UnknownTask
+from reach.hub import deadletters, delivery, submission
+from reach.hub.api.longpoll import long_poll
+from reach.hub.context import HubContext
+from reach.hub.delivery import Publish
+from reach.hub.storage.models import TaskEventRow, TaskRow
+from reach.hub.wakeups import Waiters
+from reach.schemas import ProgressReport, ResultReport, SubmitRequest
+
+MAX_WAIT_S = 60.0
+
+
+def task_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
+    router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
+
+    @router.post("", status_code=201, responses={200: {}, 404: {}, 409: {}, 422: {}})
+    async def submit(
+        body: SubmitRequest, wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 0.0
+    ) -> JSONResponse:
+        """Accept the task; with ``wait`` > 0, also hold the request until it is terminal
+        or time is up (one round trip for a caller that wants the answer)."""
+
+        def accept() -> tuple[dict[str, Any], bool]:
+            attempts = 0
+
+            def work(session: Session) -> tuple[dict[str, Any], bool]:
+                nonlocal attempts
+                attempts += 1  # the first try is optimistic; a duplicate id comes back here
+                now = ctx.clock.now()
+                return submission.submit(
+                    session, body, now, published_at=now, look_first=attempts > 1
+                )
+
+            return ctx.write(work)
+
+        view, created = await run_in_threadpool(accept)
+        status = 201 if created else 200
+        task_id = view["task_id"]
+        if not wait:
+            if created:
+                await run_in_threadpool(ctx.publish_premarked, Publish(task_id, 1, 0.0))
+            return JSONResponse(view, status_code=status)
+        published = not created
+        views = iter([view])
+
+        def read() -> dict[str, Any]:
+            nonlocal published
+            if not published:  # inside the watch: a fast answer cannot slip past the waiter
+                ctx.publish_premarked(Publish(task_id, 1, 0.0))
+                published = True
+            first = next(views, None)
+            return first if first is not None else _read(ctx, task_id)
+
+        final = await long_poll(
+            read, _terminal, wait, waiters=waiters, keys=[task_id], carried=True
+        )
+        return JSONResponse(final, status_code=status)
+
+    @router.get("/{task_id}", responses={404: {}})
+    async def get_task(
+        task_id: str, wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 0.0
+    ) -> dict[str, Any]:
+        """The task; with ``wait`` > 0, hold the request until it is terminal or time is up."""
+        return await long_poll(
+            lambda: _read(ctx, task_id),
+            _terminal,
+            wait,
+            waiters=waiters,
+            keys=[task_id],
+            carried=True,
+        )
+
+    @router.post("/{task_id}/result", responses={404: {}})
+    def report_result(task_id: str, body: ResultReport) -> dict[str, Any]:
+        def work(session: Session) -> dict[str, Any]:
+            decided = delivery.report_result(
+                session,
+                task_id,
+                body.code,
+                body.data,
+                body.message,
+                ctx.clock.now(),
+                attempt_seq=body.attempt_seq,
+                instance_id=body.instance_id,
+            )
+            if decided and body.code == 0:
+                return {"task_id": task_id, "decided": True, "status": "success"}
+            status = session.scalar(select(TaskRow.status).where(TaskRow.task_id == task_id))
+            return {"task_id": task_id, "decided": decided, "status": status}
+
+        return ctx.write(work)
+
+    @router.post("/{task_id}/progress", responses={404: {}})
+    def report_progress(task_id: str, body: ProgressReport) -> dict[str, Any]:
+        detail = body.model_dump(exclude_none=True)
+        ctx.write(lambda s: delivery.report_progress(s, task_id, detail, ctx.clock.now()))
+        return {"task_id": task_id, "recorded": True}
+
+    @router.get("/{task_id}/events", responses={404: {}})
+    def task_events(task_id: str) -> dict[str, Any]:
+        with ctx.transaction() as session:
+            if session.scalar(select(TaskRow.id).where(TaskRow.task_id == task_id)) is None:
+                raise UnknownTask(f"task {task_id!r} does not exist", task_id=task_id)
+            rows = session.scalars(
+                select(TaskEventRow)
+                .where(TaskEventRow.task_id == task_id)
+                .order_by(TaskEventRow.id)
+            ).all()
+            return {
+                "task_id": task_id,
+                "events": [
+                    {
+                        "kind": r.kind,
+                        "at": r.at,
+                        "attempt_seq": r.attempt_seq,
+                        "agent_id": r.agent_id,
+                        "instance_id": r.instance_id,
+                        "detail": r.detail,
+                    }
+                    for r in rows
+                ],
+            }
+
+    return router
+
+
+def dead_letter_router(ctx: HubContext) -> APIRouter:
+    router = APIRouter(prefix="/api/v1/dead-letters", tags=["admin"])
+
+    @router.get("")
+    def list_dead(
+        include_replayed: bool = False, limit: Annotated[int, Query(ge=1, le=1000)] = 100
+    ) -> dict[str, Any]:
+        with ctx.transaction() as session:
+            rows = deadletters.list_dead(session, include_replayed, limit)
+            return {"dead_letters": [deadletters.view(r) for r in rows]}
+
+    @router.get("/{dead_id}", responses={404: {}})
+    def show(dead_id: int) -> dict[str, Any]:
+        with ctx.transaction() as session:
+            return deadletters.view(deadletters.get(session, dead_id))
+
+    @router.post("/{dead_id}/replay", responses={404: {}, 409: {}})
+    def replay(dead_id: int) -> dict[str, Any]:
+        item = ctx.write(lambda s: deadletters.replay(s, dead_id, ctx.clock.now()))
+        ctx.publish_attempts([item])
+        return {
+            "dead_letter_id": dead_id,
+            "task_id": item.task_id,
+            "attempt_seq": item.attempt_seq,
+            "status": "pending",
+        }
+
+    return router
+
+
+def _terminal(view: dict[str, Any]) -> bool:
+    return view["status"] in submission.TERMINAL
+
+
+def _read(ctx: HubContext, task_id: str) -> dict[str, Any]:
+    with ctx.transaction() as session:
+        row = session.scalar(select(TaskRow).where(TaskRow.task_id == task_id))
+        if row is None:
+            raise UnknownTask(f"task {task_id!r} does not exist", task_id=task_id)
+        return delivery.task_view(row)

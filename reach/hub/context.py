@@ -1,0 +1,110 @@
+"""The hub's runtime context: settings, database, clock, policies and the publisher.
+
+Built once per process (API, worker child) and passed explicitly; nothing here is global.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, TypeVar
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from reach.errors import HubUnavailable, RegistrationConflict
+from reach.hub.clock import Clock, SystemClock
+from reach.hub.delivery import DeliveryPolicy, Publish, mark_published, unmark_published
+from reach.hub.monitoring import Policy
+from reach.hub.settings import Settings
+from reach.hub.storage import create_engine_for, session_factory
+from reach.hub.wakeups import CompletionBus
+
+if TYPE_CHECKING:
+    from reach.worker.publisher import Publisher
+
+T = TypeVar("T")
+
+
+@dataclass
+class HubContext:
+    """What a request handler may touch: settings, the database and the hub's clock."""
+
+    settings: Settings
+    engine: Engine
+    clock: Clock = field(default_factory=SystemClock)
+    sessions: sessionmaker[Session] = field(init=False)
+
+    completions: CompletionBus = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.sessions = session_factory(self.engine)
+        broker = self.settings.storage.resolved_broker_url
+        self.completions = CompletionBus(
+            broker if broker.startswith(("redis://", "rediss://")) else None
+        )
+        self.completions.attach(self.sessions)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, clock: Clock | None = None) -> HubContext:
+        engine = create_engine_for(settings.storage.resolved_database_url)
+        return cls(settings=settings, engine=engine, clock=clock or SystemClock())
+
+    @cached_property
+    def policy(self) -> Policy:
+        return Policy.from_settings(self.settings)
+
+    @cached_property
+    def delivery_policy(self) -> DeliveryPolicy:
+        return DeliveryPolicy.from_settings(self.settings)
+
+    @cached_property
+    def publisher(self) -> Publisher:
+        from reach.worker.factory import create_celery
+        from reach.worker.publisher import Publisher
+
+        return Publisher(create_celery(self.settings))
+
+    def publish_attempts(self, items: list[Publish]) -> int:
+        """Publish and mark each attempt; one the broker refuses stays for the relay."""
+        done = 0
+        for item in items:
+            if self.publisher.publish(item):
+                with self.transaction() as session:
+                    mark_published(session, item.task_id, item.attempt_seq, self.clock.now())
+                done += 1
+        return done
+
+    def publish_premarked(self, item: Publish) -> bool:
+        """Publish an attempt already marked published at commit; un-mark it if the broker
+        refuses, so the relay takes it (its grace) instead of the overdue net (longer)."""
+        if self.publisher.publish(item):
+            return True
+        with self.transaction() as session:
+            unmark_published(session, item.task_id, item.attempt_seq)
+        return False
+
+    @contextmanager
+    def transaction(self) -> Iterator[Session]:
+        """One transaction; database outages surface as a 503 problem, not a 500."""
+        try:
+            with self.sessions.begin() as session:
+                yield session
+        except OperationalError as exc:
+            raise HubUnavailable(f"the hub's database is unavailable: {exc.orig}") from exc
+
+    def write(self, work: Callable[[Session], T]) -> T:
+        """Run ``work`` in a transaction; retry once if a concurrent writer won a unique race."""
+        for attempt in (1, 2):
+            try:
+                with self.transaction() as session:
+                    return work(session)
+            except IntegrityError as exc:
+                if attempt == 2:
+                    raise RegistrationConflict(
+                        "a concurrent request changed the same record; retry", cause=str(exc.orig)
+                    ) from exc
+        raise AssertionError("unreachable")

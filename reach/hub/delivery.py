@@ -1,0 +1,695 @@
+"""Delivery of one attempt, and every way an attempt can end.
+
+At-least-once with fencing:
+
+* ``claim`` moves a task from ``pending`` to ``dispatching`` only for the message's own
+  ``attempt_seq`` and only if no live lease exists, so a duplicate broker message (Redis
+  visibility timeout, relay republish) finds nothing to do while the first copy runs.
+* Every non-terminal transition is conditional on the claim's lease token; terminal ones
+  are conditional on the task not being terminal yet, so the first result wins and later
+  ones are recorded as events.
+* A retry is a new attempt (``attempt_seq + 1``) with its own outbox row, written in the
+  same transaction as the state change; publishing it is the caller's job (the Celery
+  shell) and the relay's if the caller dies first.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, cast
+
+from sqlalchemy import Table, bindparam, case, func, insert, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from reach.core.breaker import BreakerPolicy
+from reach.core.retry import Outcome, RetryPolicy, backoff_delay, classify, should_retry
+from reach.core.routing import RouteFilter, choose_excluding
+from reach.errors import NoSuitableAgent
+from reach.hub import breakers as breaker_store
+from reach.hub import metrics, registry
+from reach.hub.agent_http import AgentAnswer, AgentTransport
+from reach.hub.breakers import Breakers, Ticket
+from reach.hub.monitoring import Policy
+from reach.hub.settings import Settings
+from reach.hub.storage.models import DeadLetterRow, OutboxRow, TaskEventRow, TaskRow
+from reach.hub.wakeups import mark_finished
+
+log = logging.getLogger("reach.hub.delivery")
+TERMINAL = ("success", "failed", "dead", "cancelled")
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryPolicy:
+    retry: RetryPolicy
+    connect_timeout: float
+    read_timeout: float
+    lease_margin: float = 10.0
+    watchdog_grace: float = 30.0
+    republish_grace: float = 10.0
+    max_redeliveries: int = 5
+    max_deferrals: int = 50
+    republish_backlog: int = 10  # queue deeper than this: overdue attempts are queued, not lost
+    breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> DeliveryPolicy:
+        r = settings.router
+        return cls(
+            retry=RetryPolicy(max_retry=r.max_retry, base=r.backoff_base, cap=r.backoff_cap),
+            connect_timeout=r.connect_timeout,
+            read_timeout=r.read_timeout,
+            watchdog_grace=r.watchdog_grace,
+            republish_grace=r.republish_grace,
+            breaker=BreakerPolicy(
+                window_s=r.breaker_window,
+                failure_ratio=r.breaker_failure_ratio,
+                min_volume=r.breaker_min_volume,
+                trial_interval_s=r.breaker_trial_interval,
+            ),
+        )
+
+    def read_timeout_for(self, task: TaskRow) -> float:
+        return self.read_timeout_for_ms(task.timeout_ms)
+
+    def read_timeout_for_ms(self, timeout_ms: int) -> float:
+        return max(0.05, min(self.read_timeout, timeout_ms / 1000))
+
+    def lease_for(self, task: TaskRow) -> float:
+        return self.connect_timeout + self.read_timeout_for(task) + self.lease_margin
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    """Instruction for the Celery shell: publish this attempt after ``delay`` seconds."""
+
+    task_id: str
+    attempt_seq: int
+    delay: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Dispatch:
+    task_id: str
+    attempt_seq: int
+    token: str
+    url: str
+    body: dict[str, Any]
+    instance_id: str
+    agent_id: str
+    read_timeout: float
+    ticket: Ticket
+
+
+def deliver_attempt(
+    sessions: sessionmaker[Session],
+    task_id: str,
+    attempt_seq: int,
+    *,
+    now: Callable[[], float],
+    policy: Policy,
+    dpolicy: DeliveryPolicy,
+    transport: AgentTransport,
+    rng: random.Random,
+    breakers: Breakers,
+    candidates: registry.CandidateCache | None = None,
+) -> Publish | None:
+    """Claim, route, call the agent, record the outcome. Returns a retry to publish, if any.
+
+    ``breakers`` holds this process's failure windows: every answer feeds the instance's
+    circuit breaker, which opens (or closes after a trial) in a transaction of its own.
+    ``candidates`` lets a worker process reuse routing candidates for a moment.
+
+    The common path is two short transactions of plain statements (claim and route;
+    record a success); anything unusual takes the ORM path below them.
+    """
+    with sessions.begin() as session:
+        claimed = claim(session, task_id, attempt_seq, now(), dpolicy)
+        if claimed is None:
+            return None
+        route = _route(session, claimed, now(), policy, dpolicy, rng, candidates)
+        if isinstance(route, str):
+            task = load_for_update(session, task_id)
+            assert task is not None
+            return fail_transient(
+                session,
+                task,
+                claimed.lease_token,
+                now(),
+                dpolicy,
+                rng,
+                reason="no_route",
+                error={"kind": "no_route", "message": route},
+            )
+        dispatch = route
+    started = time.perf_counter()
+    answer = transport.post(
+        dispatch.url,
+        dispatch.body,
+        dpolicy.connect_timeout,
+        dispatch.read_timeout,
+        headers={"X-Reach-Task-Id": task_id, "X-Reach-Attempt": str(attempt_seq)},
+    )
+    metrics.DELIVERY_SECONDS.observe(time.perf_counter() - started)
+    outcome = classify(answer.status, answer.body)
+    metrics.DELIVERY_TOTAL.labels(outcome.value).inc()
+    if candidates is not None and outcome not in (Outcome.SUCCESS, Outcome.BUSINESS_ERROR):
+        candidates.clear()  # something is off with this instance: route from fresh facts
+    # before the outcome, so a retry it schedules already finds the breaker open
+    breaker_store.observe(sessions, breakers, dispatch.ticket, outcome, now(), dpolicy.breaker)
+    with sessions.begin() as session:
+        if outcome is Outcome.SUCCESS:
+            body = answer.body if isinstance(answer.body, dict) else {}
+            detail = {"instance_id": dispatch.instance_id, "attempt_seq": attempt_seq}
+            if succeed(session, task_id, body.get("data"), now(), detail) is not None:
+                return None
+        return record_outcome(session, dispatch, outcome, answer, now(), dpolicy, rng)
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """The columns of a claimed task that routing and the agent's request need."""
+
+    task_id: str
+    attempt_seq: int
+    lease_token: str
+    target: dict[str, Any]
+    method: str
+    payload: Any
+    idempotency_key: str | None
+    trace: dict[str, Any] | None
+    session_id: str | None
+    timeout_ms: int
+    instance_id: str | None
+    retries: int
+
+
+_T = cast(Table, TaskRow.__table__)
+_EVENTS = cast(Table, TaskEventRow.__table__)
+# what callers see of a task (``task_view``, the success statement's RETURNING)
+VIEW_COLUMNS = (
+    "task_id", "status", "method", "target", "agent_id", "instance_id", "attempt_seq",
+    "retries", "result", "error", "trace", "session_id", "timeout_ms", "created_at",
+    "updated_at", "finished_at",
+)  # fmt: skip
+
+
+# The hot path's statements, built once: constructing a statement and its cache key on
+# every delivery cost more CPU than executing it. Bound names carry a ``b_`` prefix
+# (column names are reserved for the SET clause).
+_SECONDS = _T.c.timeout_ms / 1000.0
+_CLAIM = (
+    update(_T)
+    .where(
+        _T.c.task_id == bindparam("b_task_id"),
+        _T.c.attempt_seq == bindparam("b_seq"),
+        (_T.c.status == "pending")
+        | (
+            (_T.c.status == "dispatching")
+            & (func.coalesce(_T.c.lease_until, 0) <= bindparam("b_now"))
+        ),
+    )
+    .values(
+        status="dispatching",
+        lease_token=bindparam("b_token"),
+        lease_until=bindparam("b_lease_base")
+        + case(
+            (_SECONDS >= bindparam("b_read"), bindparam("b_read")),
+            (_SECONDS <= 0.05, 0.05),
+            else_=_SECONDS,
+        ),
+        updated_at=bindparam("b_now"),
+        redeliveries=_T.c.redeliveries + case((_T.c.status == "dispatching", 1), else_=0),
+    )
+    .returning(
+        _T.c.target,
+        _T.c.method,
+        _T.c.payload,
+        _T.c.idempotency_key,
+        _T.c.trace,
+        _T.c.session_id,
+        _T.c.timeout_ms,
+        _T.c.instance_id,
+        _T.c.retries,
+    )
+)
+_ASSIGN = (
+    update(_T)
+    .where(_T.c.task_id == bindparam("b_task_id"))
+    .values(
+        instance_id=bindparam("b_instance"),
+        agent_id=bindparam("b_agent"),
+        deadline=bindparam("b_deadline"),
+    )
+)
+_SUCCEED = (
+    update(_T)
+    .where(_T.c.task_id == bindparam("b_task_id"), _T.c.status.notin_(TERMINAL))
+    .values(
+        status="success",
+        result=bindparam("b_result", type_=_T.c.result.type),
+        error=None,
+        finished_at=bindparam("b_now"),
+        updated_at=bindparam("b_now"),
+        lease_token=None,
+        lease_until=None,
+    )
+    .returning(*(_T.c[name] for name in VIEW_COLUMNS))
+)
+_ADD_EVENT = insert(_EVENTS)
+
+
+def claim(
+    session: Session, task_id: str, attempt_seq: int, now: float, dpolicy: DeliveryPolicy
+) -> Claimed | None:
+    """Take the attempt's dispatch lease in one conditional UPDATE.
+
+    Only this ``attempt_seq``, only from ``pending`` or from ``dispatching`` whose lease
+    lapsed (the holder died: counted as a redelivery); the lease lasts connect + read
+    timeout (the task's own, if shorter) + a margin, as ``DeliveryPolicy.lease_for``.
+    """
+    token = uuid.uuid4().hex
+    row = (
+        session.connection()
+        .execute(
+            _CLAIM,
+            {
+                "b_task_id": task_id,
+                "b_seq": attempt_seq,
+                "b_now": now,
+                "b_token": token,
+                "b_lease_base": now + dpolicy.connect_timeout + dpolicy.lease_margin,
+                "b_read": dpolicy.read_timeout,
+            },
+        )
+        .first()
+    )
+    if row is None:
+        return None  # stale or duplicate message, terminal, or another copy holds the lease
+    return Claimed(task_id, attempt_seq, token, *row)
+
+
+def _route(
+    session: Session,
+    task: Claimed,
+    now: float,
+    policy: Policy,
+    dpolicy: DeliveryPolicy,
+    rng: random.Random,
+    cache: registry.CandidateCache | None = None,
+) -> _Dispatch | str:
+    target = task.target
+    flt = RouteFilter(
+        agent_id=target.get("agent_id"),
+        tags=tuple(target.get("tags") or ()),
+        capability=target.get("capability"),
+        rules=tuple(sorted((target.get("rules") or {}).items())),
+    )
+    if cache is not None:
+        candidates = cache.get(session, flt, now, policy, task.method)
+    else:
+        candidates = registry.load_candidates(session, flt, now, policy, method=task.method)
+    pinned = target.get("instance_id")
+    if pinned:  # a broadcast target: this instance or nothing
+        candidates = [c for c in candidates if c.instance_id == pinned]
+    exclude = {task.instance_id} if task.instance_id and task.retries else set()
+    while True:
+        try:
+            chosen = choose_excluding(candidates, flt, rng, exclude)
+        except NoSuitableAgent as exc:
+            return exc.detail
+        ticket = breaker_store.ticket_for(session, chosen, now, dpolicy.breaker)
+        if ticket is not None:
+            break
+        # its breaker's trial is due and another delivery claimed it: not ours to use
+        candidates = [c for c in candidates if c.instance_id != chosen.instance_id]
+    read_timeout = dpolicy.read_timeout_for_ms(task.timeout_ms)
+    deadline = now + read_timeout
+    session.connection().execute(
+        _ASSIGN,
+        {
+            "b_task_id": task.task_id,
+            "b_instance": chosen.instance_id,
+            "b_agent": chosen.agent_id,
+            "b_deadline": deadline,
+        },
+    )
+    detail: dict[str, Any] = {
+        "endpoint": chosen.endpoint,
+        "reach_score": round(chosen.reach_score, 1),
+    }
+    if ticket.trial:
+        detail["breaker_trial"] = True
+    _insert_event(
+        session, task.task_id, chosen.agent_id, chosen.instance_id, task.attempt_seq,
+        "dispatched", now, detail,
+    )  # fmt: skip
+    body = {
+        "task_id": task.task_id,
+        "method": task.method,
+        "payload": task.payload,
+        "attempt_seq": task.attempt_seq,
+        "idempotency_key": task.idempotency_key or task.task_id,
+        "trace": task.trace,
+        "session_id": task.session_id,
+        "deadline": deadline,
+    }
+    return _Dispatch(
+        task.task_id,
+        task.attempt_seq,
+        task.lease_token,
+        f"{chosen.endpoint}/tasks/{task.method}",
+        body,
+        chosen.instance_id,
+        chosen.agent_id,
+        read_timeout,
+        ticket,
+    )
+
+
+def succeed(
+    session: Session, task_id: str, data: Any, now: float, detail: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The common ending in two statements: the task becomes ``success`` unless it is
+    terminal already or unknown (then the ORM path records or refuses). Its view if so."""
+    row = (
+        session.connection()
+        .execute(_SUCCEED, {"b_task_id": task_id, "b_result": data, "b_now": now})
+        .first()
+    )
+    if row is None:
+        return None
+    view = dict(zip(VIEW_COLUMNS, row, strict=True))
+    _insert_event(
+        session, task_id, view["agent_id"], view["instance_id"], view["attempt_seq"],
+        "terminal_success", now, detail,
+    )  # fmt: skip
+    mark_finished(session, task_id, view)
+    metrics.TASKS_TOTAL.labels("success").inc()
+    return view
+
+
+def _insert_event(
+    session: Session,
+    task_id: str,
+    agent_id: str | None,
+    instance_id: str | None,
+    attempt_seq: int,
+    kind: str,
+    now: float,
+    detail: dict[str, Any],
+) -> None:
+    session.connection().execute(
+        _ADD_EVENT,
+        {
+            "task_id": task_id,
+            "agent_id": agent_id,
+            "instance_id": instance_id,
+            "attempt_seq": attempt_seq,
+            "kind": kind,
+            "detail": detail,
+            "at": now,
+        },
+    )
+
+
+def record_outcome(
+    session: Session,
+    d: _Dispatch,
+    outcome: Outcome,
+    answer: AgentAnswer,
+    now: float,
+    dpolicy: DeliveryPolicy,
+    rng: random.Random,
+) -> Publish | None:
+    task = load_for_update(session, d.task_id)
+    if task is None:
+        return None
+    body = answer.body if isinstance(answer.body, dict) else {}
+    if outcome is Outcome.SUCCESS:
+        finish(
+            session,
+            task,
+            "success",
+            now,
+            result=body.get("data"),
+            detail={"instance_id": d.instance_id, "attempt_seq": d.attempt_seq},
+        )
+        return None
+    if outcome is Outcome.BUSINESS_ERROR:
+        raw_code = body.get("code")
+        code = raw_code if isinstance(raw_code, int) and not isinstance(raw_code, bool) else None
+        code = answer.status if code is None else code
+        error = {
+            "kind": "business",
+            "code": code,
+            "message": str(body.get("message") or answer.body)[:2000],
+            "http_status": answer.status,
+        }
+        finish(
+            session,
+            task,
+            "failed",
+            now,
+            error=error,
+            detail={"instance_id": d.instance_id, "attempt_seq": d.attempt_seq},
+        )
+        return None
+    if not _holds_lease(task, d):
+        record_event(
+            session,
+            task,
+            "late_outcome",
+            now,
+            {"outcome": outcome.value, "attempt_seq": d.attempt_seq},
+        )
+        return None
+    if outcome is Outcome.ACCEPTED:
+        task.status = "executing"
+        task.accepted_at = now
+        task.deadline = now + task.timeout_ms / 1000 + dpolicy.watchdog_grace
+        task.lease_until = None
+        task.updated_at = now
+        record_event(session, task, "ack", now, {"instance_id": d.instance_id})
+        return None
+    if outcome is Outcome.BACKPRESSURE and task.deferrals < dpolicy.max_deferrals:
+        task.deferrals += 1
+        delay = backoff_delay(min(task.deferrals, 5), dpolicy.retry, rng)
+        return schedule_retry(
+            session,
+            task,
+            now,
+            delay,
+            "backpressure",
+            {"instance_id": d.instance_id, "deferrals": task.deferrals},
+        )
+    error = {
+        "kind": answer.error_kind,
+        "http_status": answer.status,
+        "message": (answer.error or str(answer.body))[:2000],
+        "instance_id": d.instance_id,
+    }
+    return fail_transient(
+        session, task, d.token, now, dpolicy, rng, reason="transient", error=error
+    )
+
+
+def fail_transient(
+    session: Session,
+    task: TaskRow,
+    token: str | None,
+    now: float,
+    dpolicy: DeliveryPolicy,
+    rng: random.Random,
+    *,
+    reason: str,
+    error: dict[str, Any],
+) -> Publish | None:
+    """A transient failure of the current attempt: retry with backoff, or dead-letter."""
+    if token is not None and task.lease_token != token:
+        return None
+    task.error = error
+    budget = (
+        dpolicy.retry
+        if task.max_retry is None
+        else replace(dpolicy.retry, max_retry=task.max_retry)
+    )
+    if not should_retry(task.retries, budget):
+        dead_letter(session, task, now, reason=f"{task.retries} retries exhausted", error=error)
+        return None
+    task.retries += 1
+    delay = backoff_delay(task.retries, dpolicy.retry, rng)
+    return schedule_retry(
+        session, task, now, delay, reason, {"error": error, "retry": task.retries}
+    )
+
+
+def schedule_retry(
+    session: Session, task: TaskRow, now: float, delay: float, reason: str, detail: dict[str, Any]
+) -> Publish:
+    task.attempt_seq += 1
+    task.status = "pending"
+    task.lease_token = None
+    task.lease_until = None
+    task.next_attempt_at = now + delay
+    task.updated_at = now
+    add_attempt(session, task, now, available_at=now + delay)
+    record_event(
+        session, task, "retry", now, {"reason": reason, "delay_s": round(delay, 3), **detail}
+    )
+    metrics.RETRY_TOTAL.labels(reason).inc()
+    return Publish(task.task_id, task.attempt_seq, delay)
+
+
+def finish(
+    session: Session,
+    task: TaskRow,
+    status: str,
+    now: float,
+    *,
+    result: Any = None,
+    error: dict[str, Any] | None = None,
+    detail: dict[str, Any] | None = None,
+) -> bool:
+    """Make the task terminal unless it already is (first terminal result wins)."""
+    if task.status in TERMINAL:
+        record_event(session, task, "duplicate_result", now, {"status": status, **(detail or {})})
+        return False
+    task.status = status
+    task.result = result
+    task.error = error
+    task.finished_at = now
+    task.updated_at = now
+    task.lease_token = None
+    task.lease_until = None
+    kind = "terminal_success" if status == "success" else "terminal_failure"
+    mark_finished(session, task.task_id, task_view(task))
+    record_event(
+        session, task, kind, now, {**(detail or {}), **({"error": error} if error else {})}
+    )
+    metrics.TASKS_TOTAL.labels(status).inc()
+    return True
+
+
+def dead_letter(
+    session: Session, task: TaskRow, now: float, *, reason: str, error: dict[str, Any]
+) -> None:
+    finish(session, task, "dead", now, error={**error, "reason": reason})
+    session.add(
+        DeadLetterRow(
+            task_id=task.task_id,
+            agent_id=task.agent_id,
+            method=task.method,
+            payload=task.payload,
+            attempts=task.attempt_seq,
+            last_error=error,
+            reason=reason,
+            created_at=now,
+            target=task.target,
+        )
+    )
+    record_event(session, task, "dead_letter", now, {"reason": reason})
+    metrics.DEAD_LETTER_TOTAL.inc()
+    log.error("ALERT dead-lettered task %s (%s): %s", task.task_id, reason, error.get("message"))
+
+
+def add_attempt(session: Session, task: TaskRow, now: float, available_at: float) -> None:
+    """The outbox row of the task's current attempt, committed with the state change."""
+    session.add(
+        OutboxRow(
+            task_id=task.task_id,
+            agent_id=task.agent_id or "-",
+            attempt_seq=task.attempt_seq,
+            message={"task_id": task.task_id, "attempt_seq": task.attempt_seq},
+            created_at=now,
+            available_at=available_at,
+        )
+    )
+
+
+def mark_published(session: Session, task_id: str, attempt_seq: int, now: float) -> None:
+    session.execute(
+        update(OutboxRow)
+        .where(OutboxRow.task_id == task_id, OutboxRow.attempt_seq == attempt_seq)
+        .values(published_at=now)
+    )
+    session.execute(update(TaskRow).where(TaskRow.task_id == task_id).values(last_published_at=now))
+
+
+def unmark_published(session: Session, task_id: str, attempt_seq: int) -> None:
+    session.execute(
+        update(OutboxRow)
+        .where(OutboxRow.task_id == task_id, OutboxRow.attempt_seq == attempt_seq)
+        .values(published_at=None)
+    )
+    session.execute(
+        update(TaskRow).where(TaskRow.task_id == task_id).values(last_published_at=None)
+    )
+
+
+def _holds_lease(task: TaskRow, d: _Dispatch) -> bool:
+    return task.status == "dispatching" and task.lease_token == d.token
+
+
+def record_event(
+    session: Session, task: TaskRow, kind: str, now: float, detail: dict[str, Any]
+) -> None:
+    session.add(
+        TaskEventRow(
+            task_id=task.task_id,
+            agent_id=task.agent_id,
+            instance_id=task.instance_id,
+            attempt_seq=task.attempt_seq,
+            kind=kind,
+            detail=detail,
+            at=now,
+        )
+    )
+
+
+def load_for_update(session: Session, task_id: str) -> TaskRow | None:
+    """The task row, locked until the transaction ends (PostgreSQL; SQLite locks the file)."""
+    return session.scalar(select(TaskRow).where(TaskRow.task_id == task_id).with_for_update())
+
+
+def report_result(
+    session: Session,
+    task_id: str,
+    code: int,
+    data: Any,
+    message: str,
+    now: float,
+    *,
+    attempt_seq: int | None,
+    instance_id: str | None,
+) -> bool:
+    """An agent's late answer (after 202). Returns True if it decided the task."""
+    detail = {"reported_by": instance_id, "attempt_seq": attempt_seq, "late_report": True}
+    if code == 0 and succeed(session, task_id, data, now, detail) is not None:
+        return True  # the common case, without loading the row
+    task = load_for_update(session, task_id)
+    if task is None:
+        from reach.errors import UnknownTask
+
+        raise UnknownTask(f"task {task_id!r} does not exist", task_id=task_id)
+    if code == 0:
+        return finish(session, task, "success", now, result=data, detail=detail)
+    error = {"kind": "business", "code": code, "message": message[:2000]}
+    return finish(session, task, "failed", now, error=error, detail=detail)
+
+
+def report_progress(session: Session, task_id: str, detail: dict[str, Any], now: float) -> None:
+    task = session.scalar(select(TaskRow).where(TaskRow.task_id == task_id))
+    if task is None:
+        from reach.errors import UnknownTask
+
+        raise UnknownTask(f"task {task_id!r} does not exist", task_id=task_id)
+    record_event(session, task, "progress", now, detail)
+
+
+def task_view(task: TaskRow) -> dict[str, Any]:
+    return {name: getattr(task, name) for name in VIEW_COLUMNS}

@@ -1,0 +1,234 @@
+"""Tables of the hub. Timestamps are float epoch seconds from the hub's clock.
+
+Floats keep SQLite and PostgreSQL identical (no naive/aware datetime drift) and make
+controlled-clock tests exact. The schema itself is owned by Alembic migrations;
+these models must match them (a migration test checks it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    true,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class AgentRow(Base):
+    __tablename__ = "agents"
+
+    agent_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    tags: Mapped[list[str]] = mapped_column(JSON, default=list)
+    capabilities: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
+    trust_level: Mapped[str] = mapped_column(String(8), default="L2")
+    created_at: Mapped[float] = mapped_column(Double)
+    updated_at: Mapped[float] = mapped_column(Double)
+
+
+class InstanceRow(Base):
+    __tablename__ = "instances"
+    __table_args__ = (
+        Index("ix_instances_agent_status", "agent_id", "status"),
+        Index("ix_instances_next_probe_at", "next_probe_at"),
+    )
+
+    instance_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    agent_id: Mapped[str] = mapped_column(
+        String(128), ForeignKey("agents.agent_id", ondelete="CASCADE")
+    )
+    endpoint: Mapped[str] = mapped_column(String(512))
+    public_endpoint: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    version: Mapped[str] = mapped_column(String(64), default="")
+    max_concurrency: Mapped[int] = mapped_column(Integer)
+    heartbeat_interval: Mapped[float] = mapped_column(Double)
+    allow_loopback: Mapped[bool] = mapped_column(Boolean, default=False)
+    status: Mapped[str] = mapped_column(String(16))
+    registered_at: Mapped[float] = mapped_column(Double)
+    last_heartbeat: Mapped[float] = mapped_column(Double)
+    status_changed_at: Mapped[float] = mapped_column(Double)
+    heartbeat_count: Mapped[int] = mapped_column(Integer, default=0)
+    current_load: Mapped[float] = mapped_column(Double, default=0.0)
+    in_flight: Mapped[int] = mapped_column(Integer, default=0)
+    last_task_duration_ms: Mapped[float | None] = mapped_column(Double, nullable=True)
+    consecutive_failure_count: Mapped[int] = mapped_column(Integer, default=0)
+    agent_reported_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    # reachability (two channels): probe window, smoothed values, score and verdict
+    probe_window: Mapped[list[dict[str, Any]]] = mapped_column(
+        JSON, default=list, server_default="[]"
+    )
+    probe_status: Mapped[str] = mapped_column(
+        String(16), default="unknown", server_default="unknown"
+    )
+    rtt_ms: Mapped[float | None] = mapped_column(Double, nullable=True)
+    loss_rate: Mapped[float] = mapped_column(Double, default=0.0, server_default="0")
+    last_probe_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    last_probe_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    next_probe_at: Mapped[float] = mapped_column(Double, default=0.0, server_default="0")
+    probe_lease_until: Mapped[float | None] = mapped_column(Double, nullable=True)
+    reach_score: Mapped[float] = mapped_column(Double, default=0.0, server_default="0")
+    routable: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
+    in_flight_rise_streak: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    alerts: Mapped[list[str]] = mapped_column(JSON, default=list, server_default="[]")
+    status_reason: Mapped[str] = mapped_column(Text, default="", server_default="")
+    # circuit breaker (reach.core.breaker): out of the routing pool while now < breaker_open_until
+    breaker_open_until: Mapped[float | None] = mapped_column(Double, nullable=True)
+    breaker_opened_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+
+
+class InstanceEventRow(Base):
+    """What happened to an instance: status transitions, alerts and breaker transitions."""
+
+    __tablename__ = "instance_events"
+    __table_args__ = (Index("ix_instance_events_instance_at", "instance_id", "at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    instance_id: Mapped[str] = mapped_column(String(64))
+    agent_id: Mapped[str] = mapped_column(String(128))
+    kind: Mapped[str] = mapped_column(String(32))
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    at: Mapped[float] = mapped_column(Double)
+
+
+class TaskRow(Base):
+    __tablename__ = "tasks"
+    __table_args__ = (Index("ix_tasks_status_next_attempt", "status", "next_attempt_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(String(128), unique=True)
+    agent_id: Mapped[str | None] = mapped_column(String(128), nullable=True, index=True)
+    target: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    method: Mapped[str] = mapped_column(String(128))
+    payload: Mapped[Any] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(24), index=True)
+    attempt_seq: Mapped[int] = mapped_column(Integer, default=0)
+    instance_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    session_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    trace: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    timeout_ms: Mapped[int] = mapped_column(Integer, default=30_000)
+    deadline: Mapped[float | None] = mapped_column(Double, nullable=True)
+    result: Mapped[Any] = mapped_column(JSON, nullable=True)
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    created_at: Mapped[float] = mapped_column(Double)
+    updated_at: Mapped[float] = mapped_column(Double)
+    # delivery bookkeeping: transient failures, lost workers, backpressure deferrals
+    retries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    redeliveries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    deferrals: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    next_attempt_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    lease_until: Mapped[float | None] = mapped_column(Double, nullable=True)
+    lease_token: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    last_published_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    accepted_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    callback_url: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    max_retry: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class TaskEventRow(Base):
+    __tablename__ = "task_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(String(128), index=True)
+    agent_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    instance_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    attempt_seq: Mapped[int] = mapped_column(Integer, default=0)
+    kind: Mapped[str] = mapped_column(String(32))
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    at: Mapped[float] = mapped_column(Double)
+
+
+class OutboxRow(Base):
+    """One publication of one delivery attempt; the unique key makes relaying idempotent."""
+
+    __tablename__ = "outbox"
+    __table_args__ = (
+        UniqueConstraint("agent_id", "task_id", "attempt_seq", name="uq_outbox_attempt"),
+        Index("ix_outbox_unpublished", "published_at", "created_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(String(128))
+    agent_id: Mapped[str] = mapped_column(String(128))
+    attempt_seq: Mapped[int] = mapped_column(Integer)
+    message: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[float] = mapped_column(Double)
+    available_at: Mapped[float] = mapped_column(Double)
+    published_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+
+
+class DeadLetterRow(Base):
+    __tablename__ = "dead_letters"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(String(128), index=True)
+    agent_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    method: Mapped[str] = mapped_column(String(128))
+    payload: Mapped[Any] = mapped_column(JSON)
+    attempts: Mapped[int] = mapped_column(Integer)
+    last_error: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[float] = mapped_column(Double)
+    replayed_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    target: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict, server_default="{}")
+
+
+class DagRunRow(Base):
+    __tablename__ = "dag_runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(String(128), unique=True)
+    name: Mapped[str] = mapped_column(String(128))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    input: Mapped[dict[str, Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    retries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    created_at: Mapped[float] = mapped_column(Double)
+    updated_at: Mapped[float] = mapped_column(Double)
+    finished_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+
+
+class DagNodeRunRow(Base):
+    __tablename__ = "dag_node_runs"
+    __table_args__ = (UniqueConstraint("run_id", "node_id", name="uq_dag_node_run"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(String(128))
+    node_id: Mapped[str] = mapped_column(String(128))
+    status: Mapped[str] = mapped_column(String(16))
+    task_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    data: Mapped[Any] = mapped_column(JSON, nullable=True)
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    started_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+
+
+class BroadcastRow(Base):
+    """One request fanned out to every matching instance (one task per target)."""
+
+    __tablename__ = "broadcasts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    broadcast_id: Mapped[str] = mapped_column(String(128), unique=True)
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)
+    targets: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    min_results: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[float] = mapped_column(Double)
+    deadline: Mapped[float] = mapped_column(Double)

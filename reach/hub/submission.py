@@ -1,0 +1,256 @@
+"""Accepting a task: validate it, pick nothing yet, and make it durable in one transaction.
+
+The instance is chosen at delivery time (state changes by the second); what is decided
+here is whether *any* registered agent can take the task at all — an unknown target, a
+payload that fails the capability's ``params_schema``, or a target whose every instance
+has its circuit breaker open (``CircuitOpen``: fail fast, do not queue behind a failing
+agent) is refused before anything is queued. The task row, its first event and its outbox
+row commit together, so a crash before the broker hears of it loses nothing: the relay
+publishes what commit left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from functools import lru_cache
+from typing import Any, cast
+
+from jsonschema import Draft202012Validator
+from sqlalchemy import Table, insert, select
+from sqlalchemy.orm import Session
+
+from reach.core.breaker import BreakerState
+from reach.core.breaker import state as breaker_state
+from reach.core.routing import RouteFilter
+from reach.errors import CircuitOpen, InvalidPayload, NoSuitableAgent, TaskConflict
+from reach.hub.delivery import VIEW_COLUMNS, task_view
+from reach.hub.storage.models import AgentRow, InstanceRow, OutboxRow, TaskEventRow, TaskRow
+from reach.schemas import SubmitRequest
+
+TERMINAL = frozenset({"success", "failed", "dead", "cancelled"})
+
+
+def route_filter(req: SubmitRequest) -> RouteFilter:
+    return RouteFilter(
+        agent_id=req.agent_id,
+        tags=tuple(sorted(req.tags)),
+        capability=req.capability,
+        rules=tuple(sorted(req.rules.items())),
+    )
+
+
+def target_of(req: SubmitRequest) -> dict[str, Any]:
+    return {
+        "agent_id": req.agent_id,
+        "tags": sorted(req.tags),
+        "capability": req.capability,
+        "rules": dict(sorted(req.rules.items())),
+    }
+
+
+def target_key(target: dict[str, Any]) -> str:
+    """The outbox's agent column: the agent when named, else the filter in short."""
+    if target.get("agent_id"):
+        return str(target["agent_id"])
+    return f"tags={','.join(target.get('tags') or [])};cap={target.get('capability') or ''}"[:128]
+
+
+def submit(
+    session: Session,
+    req: SubmitRequest,
+    now: float,
+    *,
+    pin_instance: str | None = None,
+    max_retry: int | None = None,
+    published_at: float | None = None,
+    look_first: bool = True,
+) -> tuple[dict[str, Any], bool]:
+    """Create the task (or find the existing one with this task_id): (its view, created).
+
+    ``pin_instance`` (broadcasts) delivers to that instance only; ``max_retry`` overrides
+    the router's retry budget for this task. ``published_at`` marks the first attempt as
+    published in this same transaction, for a caller that publishes right after commit
+    and un-marks it if that fails (one transaction instead of two on the hot path).
+    ``look_first=False`` skips the read for an existing ``task_id``: the unique index
+    refuses a duplicate at flush (IntegrityError) and the caller retries looking first.
+    """
+    target = target_of(req)
+    if pin_instance:
+        target["instance_id"] = pin_instance
+    if req.task_id is not None and look_first:
+        existing = session.scalar(select(TaskRow).where(TaskRow.task_id == req.task_id))
+        if existing is not None:
+            same = (existing.target, existing.method, existing.payload) == (
+                target,
+                req.method,
+                req.payload,
+            )
+            if not same:
+                raise TaskConflict(
+                    f"task_id {req.task_id!r} is already used by a different task",
+                    task_id=req.task_id,
+                )
+            return task_view(existing), False
+    _check_target(session, req, now)
+    task_id = req.task_id or f"t-{uuid.uuid4().hex}"
+    trace = (
+        req.trace.model_dump()
+        if req.trace
+        else {"root_id": task_id, "parent_task_id": None, "hops": 0, "path": []}
+    )
+    values = {
+        "task_id": task_id,
+        "agent_id": req.agent_id,
+        "target": target,
+        "method": req.method,
+        "payload": req.payload,
+        "status": "pending",
+        "attempt_seq": 1,
+        "idempotency_key": task_id,
+        "session_id": req.session_id,
+        "trace": trace,
+        "timeout_ms": req.timeout_ms,
+        "created_at": now,
+        "updated_at": now,
+        "next_attempt_at": now,
+        "retries": 0,
+        "redeliveries": 0,
+        "deferrals": 0,
+        "max_retry": max_retry,
+        "last_published_at": published_at,
+    }
+    # plain inserts (the hot path of every submit: the ORM's unit of work cost more)
+    conn = session.connection()
+    conn.execute(_ADD_TASK, values)
+    conn.execute(
+        _ADD_EVENT,
+        {
+            "task_id": task_id,
+            "agent_id": req.agent_id,
+            "instance_id": None,
+            "attempt_seq": 1,
+            "kind": "accepted",
+            "detail": {"target": target},
+            "at": now,
+        },
+    )
+    conn.execute(
+        _ADD_OUTBOX,
+        {
+            "task_id": task_id,
+            "agent_id": target_key(target),
+            "attempt_seq": 1,
+            "message": {"task_id": task_id, "attempt_seq": 1},
+            "created_at": now,
+            "available_at": now,
+            "published_at": published_at,
+        },
+    )
+    # the view of a row just written: what it holds, None for what it does not yet
+    view = {name: values.get(name) for name in VIEW_COLUMNS}
+    return view, True
+
+
+_ADD_TASK = insert(cast(Table, TaskRow.__table__))
+_ADD_EVENT = insert(cast(Table, TaskEventRow.__table__))
+_ADD_OUTBOX = insert(cast(Table, OutboxRow.__table__))
+
+
+def _check_target(session: Session, req: SubmitRequest, now: float) -> None:
+    """At least one registered agent must match and accept the payload, and not every
+    instance of the matching agents may have its circuit breaker open.
+
+    One read: the matching agents with their live instances' breaker state."""
+    flt = route_filter(req)
+    query = (
+        select(
+            AgentRow.agent_id,
+            AgentRow.tags,
+            AgentRow.capabilities,
+            AgentRow.meta,
+            InstanceRow.breaker_open_until,
+        )
+        .join(InstanceRow, InstanceRow.agent_id == AgentRow.agent_id)
+        .where(InstanceRow.status != "deregistered")
+    )
+    if req.agent_id:
+        query = query.where(AgentRow.agent_id == req.agent_id)
+    agents: dict[str, Any] = {}
+    breakers: dict[str, list[float | None]] = {}
+    for agent in session.execute(query):  # plain rows: no ORM objects to build
+        agents[agent.agent_id] = agent
+        breakers.setdefault(agent.agent_id, []).append(agent.breaker_open_until)
+    schema_errors: list[str] = []
+    matched: list[str] = []
+    for agent in agents.values():
+        if req.tags and not set(req.tags) <= set(agent.tags):
+            continue
+        types = {c["type"]: c for c in agent.capabilities}
+        if req.capability and req.capability not in types:
+            continue
+        if any(
+            agent.meta.get(k) != v or type(agent.meta.get(k)) is not type(v)
+            for k, v in req.rules.items()
+        ):
+            continue
+        capability = types.get(req.method) or (
+            types.get(req.capability) if req.capability else None
+        )
+        if types and capability is None:
+            continue  # the agent declares what it does, and this method is not among it
+        if capability is not None:
+            error = _schema_error(capability.get("params_schema") or {}, req.payload)
+            if error:
+                schema_errors.append(f"{agent.agent_id}: {error}")
+                continue
+        matched.append(agent.agent_id)
+    if matched:
+        _check_breakers(matched, [(a, u) for a in matched for u in breakers[a]], now)
+        return
+    if schema_errors:
+        raise InvalidPayload(
+            f"payload does not satisfy params_schema of {req.method!r}: {schema_errors[0]}",
+            errors=schema_errors,
+        )
+    raise NoSuitableAgent(
+        f"no registered agent matches {flt.describe()} with method {req.method!r}",
+        filter={k: v for k, v in target_of(req).items() if v},
+        method=req.method,
+    )
+
+
+def _check_breakers(agent_ids: list[str], rows: list[tuple[str, float | None]], now: float) -> None:
+    """Refuse with CircuitOpen when every registered instance of these agents is open."""
+    open_until = [
+        until
+        for _, until in rows
+        if until is not None and breaker_state(until, now) is BreakerState.OPEN
+    ]
+    if not rows or len(open_until) < len(rows):
+        return
+    next_trial = min(open_until)
+    names = ", ".join(sorted(set(agent_ids)))
+    raise CircuitOpen(
+        f"the circuit breaker of every instance of {names} is open after repeated failures; "
+        f"the next trial request is due in {max(0.0, next_trial - now):.1f}s",
+        agents=sorted(set(agent_ids)),
+        next_trial_at=next_trial,
+        retry_after=max(1, math.ceil(next_trial - now)),
+    )
+
+
+@lru_cache(maxsize=256)
+def _validator(schema_json: str) -> Draft202012Validator:
+    """Compiled once per distinct schema: building a validator costs more than using it."""
+    return Draft202012Validator(json.loads(schema_json))
+
+
+def _schema_error(schema: dict[str, Any], payload: Any) -> str | None:
+    validator = _validator(json.dumps(schema, sort_keys=True))
+    error = next(iter(validator.iter_errors(payload)), None)
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.absolute_path) or "<payload>"
+    return f"{where}: {error.message}"

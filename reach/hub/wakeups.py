@@ -1,0 +1,177 @@
+"""Waking long-polls the moment a task ends, instead of re-reading the store on a timer.
+
+The process that makes a task terminal (a worker recording the agent's answer, the API
+taking a late report) publishes its id on a Redis channel after the commit; the API holds
+one subscriber and wakes the requests waiting on that id, which then read the store.
+Pub/sub is lossy by design, so a waiter still re-reads on a slow timer: a lost
+notification costs latency, never a result. Without Redis (the embedded default) there is
+no channel and waiters re-read on the timer alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.orm import Session, sessionmaker
+
+log = logging.getLogger("reach.hub.wakeups")
+_PENDING = "reach.finished"
+
+
+def channel_for(url: str) -> str:
+    """One channel per Redis database: hubs sharing a server do not wake each other."""
+    return "reach:done:" + url.rsplit("/", 1)[-1]
+
+
+MAX_CARRIED_BYTES = 65_536  # a larger final view is announced by id and read by the waiter
+
+
+def mark_finished(session: Session, key: str, view: dict[str, Any] | None = None) -> None:
+    """Announce ``key`` (with its final ``view``, if small) once the transaction commits."""
+    session.info.setdefault(_PENDING, {})[key] = view
+
+
+class CompletionBus:
+    """The publishing side, used by every hub process."""
+
+    def __init__(self, url: str | None) -> None:
+        self.url = url
+        self.channel = channel_for(url) if url else ""
+        self._client: Any = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.url is not None
+
+    def attach(self, sessions: sessionmaker[Session]) -> None:
+        """Publish what each committed transaction finished; forget it on rollback."""
+        if not self.enabled:
+            return
+        event.listen(sessions, "after_commit", self._after_commit)
+        event.listen(sessions, "after_soft_rollback", _forget)
+
+    def _after_commit(self, session: Session) -> None:
+        keys = session.info.pop(_PENDING, None)
+        if keys:
+            self.notify(keys)
+
+    def notify(self, keys: Mapping[str, dict[str, Any] | None] | Iterable[str]) -> None:
+        items = keys.items() if isinstance(keys, Mapping) else ((k, None) for k in keys)
+        try:
+            if self._client is None:
+                import redis
+
+                self._client = redis.Redis.from_url(
+                    str(self.url), socket_timeout=1, socket_connect_timeout=1
+                )
+            pipe = self._client.pipeline(transaction=False)
+            for key, view in items:
+                pipe.publish(self.channel, _encode(key, view))
+            pipe.execute()
+        except Exception as exc:  # waiters fall back to re-reading; never fail a commit
+            log.debug("completion notice not sent: %s", exc)
+
+
+def _forget(session: Session, previous_transaction: Any) -> None:
+    session.info.pop(_PENDING, None)
+
+
+def _encode(key: str, view: dict[str, Any] | None) -> str:
+    if view is not None:
+        body = json.dumps({"key": key, "view": view}, default=str)
+        if len(body) <= MAX_CARRIED_BYTES:
+            return body
+    return json.dumps({"key": key})
+
+
+def _decode(raw: bytes) -> tuple[str, dict[str, Any] | None]:
+    message = json.loads(raw)
+    return str(message["key"]), message.get("view")
+
+
+class Watch:
+    """What a long-poll waits on: woken when a key is announced, with its view if carried."""
+
+    def __init__(self) -> None:
+        self.woken = asyncio.Event()
+        self.view: dict[str, Any] | None = None
+        self.seen: set[str] = set()  # distinct keys announced so far
+
+    def wake(self, key: str, view: dict[str, Any] | None) -> None:
+        self.seen.add(key)
+        if view is not None:
+            self.view = view
+        self.woken.set()
+
+
+class Waiters:
+    """The listening side, in the API: long-polls watch keys, one thread subscribes."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[str, set[Watch]] = {}
+        self._stop = threading.Event()
+        self.live = False  # subscribed right now: waiters can afford a slow fallback timer
+
+    @contextlib.contextmanager
+    def watch(self, keys: Iterable[str]) -> Iterator[Watch]:
+        """A watch woken when any of ``keys`` is announced (call on the event loop)."""
+        watch = Watch()
+        keys = list(keys)
+        for key in keys:
+            self._by_key.setdefault(key, set()).add(watch)
+        try:
+            yield watch
+        finally:
+            for key in keys:
+                watchers = self._by_key.get(key)
+                if watchers is not None:
+                    watchers.discard(watch)
+                    if not watchers:
+                        del self._by_key[key]
+
+    def wake(self, key: str, view: dict[str, Any] | None = None) -> None:
+        for watch in list(self._by_key.get(key, ())):
+            watch.wake(key, view)
+
+    def start(self, bus: CompletionBus, loop: asyncio.AbstractEventLoop) -> None:
+        if not bus.enabled:
+            return
+        threading.Thread(
+            target=self._listen, args=(bus, loop), name="reach-completions", daemon=True
+        ).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _listen(self, bus: CompletionBus, loop: asyncio.AbstractEventLoop) -> None:
+        import redis
+
+        while not self._stop.is_set():
+            try:
+                client = redis.Redis.from_url(str(bus.url), socket_connect_timeout=2)
+                pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+                pubsub.subscribe(bus.channel)
+                self.live = True
+                while not self._stop.is_set():
+                    message = pubsub.get_message(timeout=1.0)
+                    if message is not None and message.get("type") == "message":
+                        try:
+                            key, view = _decode(message["data"])
+                        except (ValueError, KeyError, TypeError):
+                            continue
+                        loop.call_soon_threadsafe(self.wake, key, view)
+                pubsub.close()
+                client.close()
+            except Exception as exc:
+                self.live = False
+                log.warning("completion channel lost, long-polls re-read on a timer: %s", exc)
+                self._stop.wait(1.0)
+            finally:
+                self.live = False

@@ -1,0 +1,220 @@
+"""The caller's SDK: send a task, wait for its result, report results and progress.
+
+    sub = reach.send(agent_id="doc-analyzer-01", method="task.process", payload={"doc_id": "abc"})
+    result = reach.wait_for_result(sub.task_id, timeout=60)
+
+Errors are typed: ``NoSuitableAgent``, ``InvalidPayload`` and ``CircuitOpen`` (every
+matching instance is failing; ``.extra["retry_after"]`` says when to try again) at submit,
+``BusinessError`` (the agent said no), ``DeadLettered`` (retries exhausted;
+``AgentUnreachable`` or ``AgentTimeout`` say why in ``.cause``) and ``ResultTimeout`` from
+``wait_for_result``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from reach.errors import BusinessError, DeadLettered, ReachError, ResultTimeout
+from reach.sdk import trace
+from reach.sdk.hub_client import HubClient
+
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    task_id: str
+    status: str
+
+
+@dataclass(frozen=True, slots=True)
+class TaskResult:
+    task_id: str
+    data: Any
+    agent_id: str | None
+    instance_id: str | None
+    attempt_seq: int
+    task: dict[str, Any]
+
+
+def send(
+    *,
+    method: str,
+    payload: dict[str, Any] | None = None,
+    agent_id: str | None = None,
+    tags: Sequence[str] = (),
+    capability: str | None = None,
+    rules: dict[str, str | int | float | bool] | None = None,
+    task_id: str | None = None,
+    timeout_ms: int = 30_000,
+    session_id: str | None = None,
+    hub: str | None = None,
+) -> Submission:
+    """Submit one task; idempotent on ``task_id`` (resubmitting returns the same task)."""
+    body: dict[str, Any] = {
+        "method": method,
+        "payload": payload or {},
+        "agent_id": agent_id,
+        "tags": list(tags),
+        "capability": capability,
+        "rules": rules or {},
+        "task_id": task_id,
+        "timeout_ms": timeout_ms,
+        "session_id": session_id,
+        "trace": trace.child_of(trace.current()),
+    }
+    client = HubClient(hub)
+    try:
+        answer = client.post("/v1/tasks", {k: v for k, v in body.items() if v is not None})
+    finally:
+        client.close()
+    return Submission(answer["task_id"], answer["status"])
+
+
+def get_task(task_id: str, *, wait: float = 0.0, hub: str | None = None) -> dict[str, Any]:
+    client = HubClient(hub, read_timeout=wait + 10)
+    try:
+        return client.get(f"/v1/tasks/{task_id}", params={"wait": wait} if wait else None)
+    finally:
+        client.close()
+
+
+def wait_for_result(task_id: str, timeout: float = 60.0, *, hub: str | None = None) -> TaskResult:
+    """Block until the task is terminal; return its data or raise the typed error."""
+    deadline = time.monotonic() + timeout
+    client = HubClient(hub, read_timeout=40.0)
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            view = client.get(
+                f"/v1/tasks/{task_id}", params={"wait": round(max(0.0, min(left, 30.0)), 3)}
+            )
+            if view["status"] in ("success", "failed", "dead", "cancelled"):
+                return _outcome(view)
+            if time.monotonic() >= deadline:
+                raise ResultTimeout(
+                    f"task {task_id} is still {view['status']} after {timeout:g}s",
+                    task_id=task_id,
+                    status=view["status"],
+                )
+    finally:
+        client.close()
+
+
+def _outcome(view: dict[str, Any]) -> TaskResult:
+    status = view["status"]
+    error = view.get("error") or {}
+    if status == "success":
+        return TaskResult(
+            view["task_id"],
+            view.get("result"),
+            view.get("agent_id"),
+            view.get("instance_id"),
+            view["attempt_seq"],
+            view,
+        )
+    if status == "failed":
+        raise BusinessError(
+            int(error.get("code") or 1), str(error.get("message") or ""), task_id=view["task_id"]
+        )
+    if status == "dead":
+        raise DeadLettered(
+            f"task {view['task_id']} was dead-lettered: {error.get('reason') or ''} "
+            f"({error.get('kind')}: {error.get('message')})",
+            task_id=view["task_id"],
+            cause=error.get("kind"),
+        )
+    raise ReachError(f"task {view['task_id']} ended as {status}", task_id=view["task_id"])
+
+
+def report_result(
+    task_id: str,
+    data: Any = None,
+    *,
+    code: int = 0,
+    message: str = "",
+    attempt_seq: int | None = None,
+    hub: str | None = None,
+) -> bool:
+    """Report the result of a task answered with 202; True if this report decided it."""
+    client = HubClient(hub)
+    try:
+        body = {"code": code, "data": data, "message": message, "attempt_seq": attempt_seq}
+        answer = client.post(
+            f"/v1/tasks/{task_id}/result", {k: v for k, v in body.items() if v is not None}
+        )
+    finally:
+        client.close()
+    return bool(answer.get("decided"))
+
+
+def report_progress(
+    task_id: str,
+    progress: float | None = None,
+    message: str = "",
+    data: Any = None,
+    *,
+    hub: str | None = None,
+) -> None:
+    client = HubClient(hub)
+    try:
+        body = {"progress": progress, "message": message, "data": data}
+        client.post(
+            f"/v1/tasks/{task_id}/progress", {k: v for k, v in body.items() if v is not None}
+        )
+    finally:
+        client.close()
+
+
+@dataclass(frozen=True, slots=True)
+class BroadcastResult:
+    broadcast_id: str
+    complete: bool
+    reason: str
+    succeeded: int
+    results: list[dict[str, Any]]
+
+    @property
+    def data(self) -> list[Any]:
+        """The data of every target that succeeded so far."""
+        return [r["data"] for r in self.results if r["status"] == "success"]
+
+
+def broadcast(
+    *,
+    method: str,
+    payload: dict[str, Any] | None = None,
+    capability: str | None = None,
+    tags: Sequence[str] = (),
+    rules: dict[str, str | int | float | bool] | None = None,
+    min_results: int | None = None,
+    timeout: float = 30.0,
+    hub: str | None = None,
+) -> BroadcastResult:
+    """Send to every routable instance matching ``capability``/``tags`` and gather results.
+
+    Returns as soon as ``min_results`` targets succeeded (all, by default), every target
+    finished, or ``timeout`` passed; each target's status is in ``results``.
+    """
+    body = {
+        "method": method,
+        "payload": payload or {},
+        "capability": capability,
+        "tags": list(tags),
+        "rules": rules or {},
+        "min_results": min_results,
+        "timeout_ms": max(1, int(timeout * 1000)),
+    }
+    client = HubClient(hub, read_timeout=timeout + 15)
+    try:
+        view = client.post("/v1/broadcasts", {k: v for k, v in body.items() if v is not None})
+        deadline = time.monotonic() + timeout
+        while not view["complete"] and time.monotonic() < deadline:
+            wait = round(max(0.0, min(deadline - time.monotonic(), 30.0)), 3)
+            view = client.get(f"/v1/broadcasts/{view['broadcast_id']}", params={"wait": wait})
+    finally:
+        client.close()
+    return BroadcastResult(
+        view["broadcast_id"], view["complete"], view["reason"], view["succeeded"], view["results"]
+    )

@@ -1,0 +1,59 @@
+"""Publishing delivery attempts to the broker (the edge between the hub and Celery).
+
+A failed publish is not an error for the caller: the attempt is already durable in the
+outbox, and the relay publishes it once the broker answers again.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from reach.hub.delivery import Publish
+
+log = logging.getLogger("reach.worker.publisher")
+DELIVER_TASK = "reach.deliver"
+DELIVERY_QUEUE = "reach"
+_RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
+
+
+class Publisher:
+    def __init__(self, celery_app: Any) -> None:
+        self.app = celery_app
+
+    def publish(self, item: Publish) -> bool:
+        try:
+            self.app.send_task(
+                DELIVER_TASK,
+                args=[item.task_id, item.attempt_seq],
+                countdown=item.delay if item.delay > 0 else None,
+                queue=DELIVERY_QUEUE,
+                # nobody waits on a Celery result of a delivery (the store has the outcome);
+                # without this every publish subscribes to a result channel on Redis
+                ignore_result=True,
+                reply_to=DELIVERY_QUEUE,
+                retry=True,
+                retry_policy=_RETRY_POLICY,
+            )
+        except Exception as exc:  # any broker error: the outbox keeps the attempt
+            log.warning(
+                "publish of %s#%d deferred to the relay: %s", item.task_id, item.attempt_seq, exc
+            )
+            return False
+        return True
+
+    def backlog(self) -> int | None:
+        """Messages waiting in the delivery queue; None if the broker cannot say.
+
+        Only asked of Redis and AMQP brokers: the embedded transport would open a new
+        connection to its SQLite file on every relay tick, beside the workers' own."""
+        if not str(self.app.conf.broker_url or "").startswith(("redis", "amqp")):
+            return None
+        try:
+            with self.app.connection_for_read() as conn:
+                conn.ensure_connection(max_retries=1, interval_start=0, timeout=1)
+                declared = conn.default_channel.queue_declare(queue=DELIVERY_QUEUE, passive=True)
+                return int(declared.message_count)
+        except Exception as exc:
+            log.debug("delivery queue depth unknown: %s", exc)
+            return None
