@@ -40,7 +40,7 @@ class Child:
 
 
 def find_examples_dir() -> Path | None:
-    for candidate in (Path.cwd() / "examples", Path(__file__).resolve().parent.parent / "examples"):
+    for candidate in (Path.cwd() / "examples", Path(__file__).resolve().parents[2] / "examples"):
         if (candidate / DEMO_AGENTS[0]).exists():
             return candidate
     return None
