@@ -6,7 +6,6 @@ message finds the attempt claimed or already finished and does nothing.
 
 from __future__ import annotations
 
-import random
 from functools import lru_cache
 
 from celery import shared_task
@@ -15,6 +14,7 @@ from reach.hub.agent_http import AgentTransport
 from reach.hub.breakers import Breakers
 from reach.hub.delivery import deliver_attempt
 from reach.hub.registry import CandidateCache
+from reach.worker.process_random import process_random
 
 
 @lru_cache(maxsize=1)
@@ -22,7 +22,7 @@ def transport() -> AgentTransport:
     return AgentTransport()
 
 
-_rng = random.Random()
+_rng = process_random()  # reseeded in each prefork child
 _breakers = Breakers()  # this worker process's failure windows (each prefork child its own)
 
 

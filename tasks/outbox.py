@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import logging
-import random
 
 from celery import shared_task
 
 from reach.hub import outbox
+from reach.worker.process_random import process_random
 
 log = logging.getLogger("reach.tasks.outbox")
-_rng = random.Random()
+_rng = process_random()  # reseeded in each prefork child
 
 
 @shared_task(name="reach.outbox_relay", ignore_result=True)
