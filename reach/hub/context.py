@@ -20,7 +20,7 @@ from reach.hub.clock import Clock, SystemClock
 from reach.hub.delivery import DeliveryPolicy, Publish, mark_published, unmark_published
 from reach.hub.monitoring import Policy
 from reach.hub.settings import Settings
-from reach.hub.storage import create_engine_for, session_factory
+from reach.hub.storage import create_engine_for, read_session_factory, session_factory
 from reach.hub.wakeups import CompletionBus
 
 if TYPE_CHECKING:
@@ -37,11 +37,12 @@ class HubContext:
     engine: Engine
     clock: Clock = field(default_factory=SystemClock)
     sessions: sessionmaker[Session] = field(init=False)
-
+    read_sessions: sessionmaker[Session] = field(init=False)
     completions: CompletionBus = field(init=False)
 
     def __post_init__(self) -> None:
         self.sessions = session_factory(self.engine)
+        self.read_sessions = read_session_factory(self.engine)
         broker = self.settings.storage.resolved_broker_url
         self.completions = CompletionBus(
             broker if broker.startswith(("redis://", "rediss://")) else None
@@ -92,6 +93,15 @@ class HubContext:
         """One transaction; database outages surface as a 503 problem, not a 500."""
         try:
             with self.sessions.begin() as session:
+                yield session
+        except OperationalError as exc:
+            raise HubUnavailable(f"the hub's database is unavailable: {exc.orig}") from exc
+
+    @contextmanager
+    def reading(self) -> Iterator[Session]:
+        """A transaction that only reads: it never takes SQLite's write lock."""
+        try:
+            with self.read_sessions.begin() as session:
                 yield session
         except OperationalError as exc:
             raise HubUnavailable(f"the hub's database is unavailable: {exc.orig}") from exc

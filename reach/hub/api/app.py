@@ -79,7 +79,7 @@ def _health_router(ctx: HubContext) -> APIRouter:
 
     @router.get("/healthz")
     def healthz() -> dict[str, Any]:
-        with ctx.transaction() as session:
+        with ctx.reading() as session:
             session.execute(text("SELECT 1"))
         return {"status": "ok", "time": ctx.clock.now()}
 
@@ -119,7 +119,7 @@ def _metrics_router(ctx: HubContext) -> APIRouter:
     @router.get("/metrics", include_in_schema=False)
     def prometheus_metrics() -> Response:
         def rows() -> list[dict[str, Any]]:
-            with ctx.transaction() as session:
+            with ctx.reading() as session:
                 return registry.instance_gauges(session, ctx.clock.now(), ctx.policy)
 
         body, content_type = metrics.render(rows)
@@ -142,7 +142,7 @@ def _admin_router(ctx: HubContext) -> APIRouter:
             capability=capability,
             status=status.value if status else None,
         )
-        with ctx.transaction() as session:
+        with ctx.reading() as session:
             agents = registry.list_agents(session, flt, ctx.clock.now(), ctx.policy)
         return {"agents": agents}
 
@@ -150,7 +150,7 @@ def _admin_router(ctx: HubContext) -> APIRouter:
     def instance_events(
         instance_id: str, limit: Annotated[int, Query(ge=1, le=1000)] = 100
     ) -> dict[str, Any]:
-        with ctx.transaction() as session:
+        with ctx.reading() as session:
             rows = monitoring.events(session, instance_id, limit)
         return {
             "instance_id": instance_id,
@@ -161,7 +161,7 @@ def _admin_router(ctx: HubContext) -> APIRouter:
 
     @router.get("/agents/{agent_id}", responses={404: {}})
     def get_agent(agent_id: str) -> dict[str, Any]:
-        with ctx.transaction() as session:
+        with ctx.reading() as session:
             return registry.get_agent(session, agent_id, ctx.clock.now(), ctx.policy)
 
     return router

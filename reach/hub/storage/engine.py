@@ -44,10 +44,19 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
+READ_ONLY = "reach_read_only"  # execution option of the engine behind read-only sessions
+
+
 def _sqlite_begin_immediate(conn: Any) -> None:
     """Take the write lock at BEGIN: two processes that read-then-write the same row would
-    otherwise both read, and one would fail at commit (SQLITE_BUSY_SNAPSHOT, not retried)."""
-    conn.exec_driver_sql("BEGIN IMMEDIATE")
+    otherwise both read, and one would fail at commit (SQLITE_BUSY_SNAPSHOT, not retried).
+
+    Read-only transactions begin deferred instead: WAL lets them read beside a writer, so
+    long-poll readers never queue behind (or in front of) heartbeats and deliveries."""
+    if conn.get_execution_options().get(READ_ONLY):
+        conn.exec_driver_sql("BEGIN")
+    else:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 T = TypeVar("T")
@@ -66,6 +75,11 @@ def skip_locked(session: Session, query: Select[T]) -> Select[T]:
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
+
+
+def read_session_factory(engine: Engine) -> sessionmaker[Session]:
+    """Sessions for transactions that only read (deferred BEGIN on SQLite)."""
+    return sessionmaker(engine.execution_options(**{READ_ONLY: True}), expire_on_commit=False)
 
 
 def alembic_config(url: str) -> Config:

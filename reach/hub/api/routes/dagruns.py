@@ -60,7 +60,7 @@ def dag_router(ctx: HubContext) -> APIRouter:
 
     @router.get("/{run_id}", responses={404: {}})
     def show(run_id: str) -> dict[str, Any]:
-        with ctx.transaction() as session:
+        with ctx.reading() as session:
             return dagruns.view(session, run_id)
 
     return router
