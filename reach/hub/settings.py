@@ -1,12 +1,17 @@
 """Typed settings: defaults < ``config.yaml`` (``REACH_CONFIG``) < ``REACH_*`` environment.
 
-One object, validated once at start-up and passed explicitly. A bad value stops
-start-up with a ``ConfigError`` that names the key (``server.port``,
-``REACH_DATABASE_URL`` …), never a traceback from deep inside a library.
+Built on pydantic-settings: ``Settings`` is a ``BaseSettings`` whose sources are, from
+strongest to weakest, constructor arguments, the environment, the YAML file and the
+field defaults. ``load_settings`` is the start-up entry point: it takes the file and the
+environment explicitly (tests pass their own), validates once, and turns a bad value
+into a ``ConfigError`` that names the key as the user wrote it (``server.port`` in the
+file, ``REACH_SERVER__PORT`` in the environment …), never a traceback from deep inside
+a library. The object is then passed explicitly.
 
 Environment names: the documented shortcuts ``REACH_DATABASE_URL``,
 ``REACH_BROKER_URL``, ``REACH_RESULT_BACKEND``, ``REACH_HOME`` and, for any nested
-key, ``REACH_<SECTION>__<KEY>`` (e.g. ``REACH_SERVER__PORT=9000``).
+key, ``REACH_<SECTION>__<KEY>`` (e.g. ``REACH_SERVER__PORT=9000``). The prefix is
+case-sensitive, the rest is not.
 """
 
 from __future__ import annotations
@@ -26,10 +31,18 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
 
 from reach.errors import ConfigError
 
 ENV_PREFIX = "REACH_"
+_NESTED = "__"
 _SHORTCUTS = {
     "REACH_DATABASE_URL": ("storage", "database_url"),
     "REACH_BROKER_URL": ("storage", "broker_url"),
@@ -179,7 +192,18 @@ class ScoreSettings(_Section):
         return self
 
 
-class Settings(_Section):
+class Settings(BaseSettings):
+    """Every section of the hub's configuration.
+
+    Start-up builds it with ``load_settings``. ``Settings()`` works too and reads
+    ``os.environ`` and ``REACH_CONFIG`` the same way, the pydantic-settings habit, but
+    reports a bad value as pydantic's ``ValidationError``.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter=_NESTED, extra="forbid", frozen=True
+    )
+
     server: ServerSettings = ServerSettings()
     storage: StorageSettings = StorageSettings()
     heartbeat: HeartbeatSettings = HeartbeatSettings()
@@ -187,34 +211,106 @@ class Settings(_Section):
     router: RouterSettings = RouterSettings()
     score: ScoreSettings = ScoreSettings()
 
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Arguments > ``REACH_*`` environment > ``REACH_CONFIG`` file; no dotenv, no secrets."""
+        return (init_settings, *_sources(settings_cls, os.environ, None))
+
 
 def load_settings(
     config_path: str | os.PathLike[str] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Settings:
     """Build the settings from file and environment; raise ``ConfigError`` naming the key."""
-    env = os.environ if environ is None else environ
-    path = config_path or env.get("REACH_CONFIG")
-    data: dict[str, Any] = _read_yaml(Path(path)) if path else {}
-    sources: dict[tuple[str, ...], str] = {}
-    for name, value in env.items():
-        if not name.startswith(ENV_PREFIX) or name in _NOT_SETTINGS:
-            continue
-        if name in _SHORTCUTS:
-            keys: tuple[str, ...] = _SHORTCUTS[name]
-        elif "__" in name:
-            keys = tuple(part.lower() for part in name[len(ENV_PREFIX) :].split("__"))
-        else:
-            continue  # unrelated REACH_* variables (e.g. used by tests) are left alone
-        _set_path(data, keys, value, name)
-        sources[keys] = name
+    environment, config_file = _sources(
+        Settings, os.environ if environ is None else environ, config_path
+    )
     try:
-        return Settings.model_validate(data)
+        return Settings(_build_sources=((environment, config_file), {}))
     except ValidationError as exc:
         first = exc.errors()[0]
         keys = tuple(str(p) for p in first["loc"])
-        label = _source_of(keys, sources) or ".".join(keys) or "<root>"
+        label = _source_of(keys, environment.origins) or ".".join(keys) or "<root>"
         raise ConfigError(f"invalid setting {label}: {first['msg']}", key=label) from None
+
+
+class _Environment(EnvSettingsSource):
+    """``REACH_*`` variables of a given mapping, read the way the documented names promise.
+
+    Stricter than the stock source where start-up must fail loudly or stay out of others'
+    way: the prefix is case-sensitive, only the shortcuts and ``__`` names are settings
+    (``REACH_HUB_URL``, ``REACH_TEST_*`` belong to others), and an unknown section is
+    refused instead of silently dropped.
+    """
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
+        # The key path each variable sets, to name the variable when its value is refused.
+        self.origins: dict[tuple[str, ...], str] = {}
+        self._values: dict[tuple[str, ...], str] = {}
+        for name, value in environ.items():
+            keys = _keys_of(name)
+            if keys is not None:
+                self.origins[keys] = name
+                self._values[keys] = value
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        # Already filtered on the case-sensitive prefix; named as the source then matches them.
+        nested = self.env_nested_delimiter or _NESTED
+        return {
+            self._apply_case_sensitive(self.env_prefix + nested.join(keys)): value
+            for keys, value in self._values.items()
+        }
+
+    def __call__(self) -> dict[str, Any]:
+        data = super().__call__()
+        for keys, value in self._values.items():
+            if keys[0] not in self.settings_cls.model_fields:
+                _set_path(data, keys, value, self.origins[keys])  # extra="forbid" refuses it
+        return data
+
+
+class _ConfigFile(YamlConfigSettingsSource):
+    """The YAML file; unlike the stock source, a missing or malformed file stops start-up."""
+
+    # ``files`` is typed ``object``: the stock annotation changed between releases.
+    def _read_files(self, files: object, deep_merge: bool = False) -> dict[str, Any]:
+        if files is None:
+            return {}
+        if not isinstance(files, Path):
+            raise TypeError("one config file path, not a list")
+        return _read_yaml(files)
+
+
+def _sources(
+    settings_cls: type[BaseSettings],
+    environ: Mapping[str, str],
+    config_path: str | os.PathLike[str] | None,
+) -> tuple[_Environment, _ConfigFile]:
+    environment = _Environment(settings_cls, environ)
+    path = config_path or environ.get("REACH_CONFIG")
+    config_file = _ConfigFile(settings_cls, yaml_file=Path(path) if path else None)
+    for keys, name in environment.origins.items():
+        _refuse_below_a_value(config_file.yaml_data, keys, name)
+    return environment, config_file
+
+
+def _keys_of(name: str) -> tuple[str, ...] | None:
+    """The key path an environment variable sets, or ``None`` when it is no setting."""
+    if not name.startswith(ENV_PREFIX) or name in _NOT_SETTINGS:
+        return None
+    if name in _SHORTCUTS:
+        return _SHORTCUTS[name]
+    if _NESTED in name:
+        return tuple(part.lower() for part in name[len(ENV_PREFIX) :].split(_NESTED))
+    return None  # unrelated REACH_* variables (e.g. used by tests) are left alone
 
 
 def _source_of(keys: tuple[str, ...], sources: dict[tuple[str, ...], str]) -> str | None:
@@ -241,6 +337,18 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(loaded, dict):
         raise ConfigError(f"config file {path} must hold a mapping of sections", key="REACH_CONFIG")
     return loaded
+
+
+def _refuse_below_a_value(data: Mapping[str, Any], keys: tuple[str, ...], source: str) -> None:
+    """An environment key below a file value that is no section is a mistake, not an override."""
+    node: Mapping[str, Any] = data
+    for key in keys[:-1]:
+        if key not in node:
+            return
+        child = node[key]
+        if not isinstance(child, Mapping):
+            raise ConfigError(f"{source} sets a key below a non-section value", key=source)
+        node = child
 
 
 def _set_path(data: dict[str, Any], keys: tuple[str, ...], value: str, source: str) -> None:
