@@ -40,7 +40,10 @@ class Child:
 
 
 def find_examples_dir() -> Path | None:
-    for candidate in (Path.cwd() / "examples", Path(__file__).resolve().parents[2] / "examples"):
+    for candidate in (
+        Path.cwd() / "examples" / "agents",
+        Path(__file__).resolve().parents[2] / "examples" / "agents",
+    ):
         if (candidate / DEMO_AGENTS[0]).exists():
             return candidate
     return None
@@ -80,7 +83,9 @@ def run_up(
         if demo:
             examples = find_examples_dir()
             if examples is None:
-                console.print("[yellow]examples/ not found; starting without demo agents[/yellow]")
+                console.print(
+                    "[yellow]examples/agents/ not found; starting without demo agents[/yellow]"
+                )
             else:
                 for offset, script in enumerate(DEMO_AGENTS):
                     agent_port = demo_port + offset

@@ -38,7 +38,7 @@ def test_sdk_agent_registers_heartbeats_and_deregisters(
 ) -> None:
     port = free_port()
     agent = start_agent(
-        REPO / "examples" / "doc_analyzer.py", hub_api, port, "--heartbeat-interval", "0.3"
+        REPO / "examples" / "agents" / "doc_analyzer.py", hub_api, port, "--heartbeat-interval", "0.3"
     )
     try:
         live = wait_until(
@@ -143,7 +143,7 @@ def _post_ignoring_timeout(url: str, body: dict[str, Any]) -> None:
 def test_killed_agent_goes_offline_after_three_missed_intervals(hub_api: str) -> None:
     port = free_port()
     agent = start_agent(
-        REPO / "examples" / "summarizer.py", hub_api, port, "--heartbeat-interval", "0.5"
+        REPO / "examples" / "agents" / "summarizer.py", hub_api, port, "--heartbeat-interval", "0.5"
     )
     try:
         wait_until(

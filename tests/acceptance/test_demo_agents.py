@@ -1,4 +1,4 @@
-"""The demo agents the shipped DAGs need (examples/sales_agent.py, knowledge_agent.py,
+"""The demo agents the shipped DAGs need (examples/agents/sales_agent.py, knowledge_agent.py,
 chat_agent.py) as real processes behind a real hub, and `reach up` starting all of them."""
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def demo_agents(
             procs[agent_id] = subprocess.Popen(
                 [
                     sys.executable,
-                    str(REPO / "examples" / script),
+                    str(REPO / "examples" / "agents" / script),
                     "--port",
                     str(free_port()),
                     "--hub",

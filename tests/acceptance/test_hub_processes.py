@@ -60,7 +60,7 @@ def test_beat_and_worker_persist_offline_for_a_killed_agent(
     agent = subprocess.Popen(
         [
             sys.executable,
-            str(REPO / "examples" / "summarizer.py"),
+            str(REPO / "examples" / "agents" / "summarizer.py"),
             "--port",
             str(agent_port),
             "--hub",

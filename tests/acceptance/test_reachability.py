@@ -39,7 +39,7 @@ def test_live_sdk_agent_scores_above_95(stack: Stack) -> None:
     agent = subprocess.Popen(
         [
             sys.executable,
-            str(REPO / "examples" / "doc_analyzer.py"),
+            str(REPO / "examples" / "agents" / "doc_analyzer.py"),
             "--port",
             str(port),
             "--hub",

@@ -1,6 +1,6 @@
 """Demo agent: analyses a document (here: counts its words) — run by `reach up`.
 
-python examples/doc_analyzer.py --port 7101 [--hub http://127.0.0.1:8800]
+python examples/agents/doc_analyzer.py --port 7101 [--hub http://127.0.0.1:8800]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Demo agent: composes the reply for the user from figures, explanations or an error — run
 by `reach up`.
 
-python examples/chat_agent.py --port 7105 [--hub http://127.0.0.1:8800]
+python examples/agents/chat_agent.py --port 7105 [--hub http://127.0.0.1:8800]
 
 The last node of dags/sales_analysis_flow.json (compose_reply) and dags/diamond_review.json
 (merge, and the failure branch escalate, which passes the failed review's error).

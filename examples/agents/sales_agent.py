@@ -1,6 +1,6 @@
 """Demo agent: a region's monthly sales (deterministic fake figures) — run by `reach up`.
 
-python examples/sales_agent.py --port 7103 [--hub http://127.0.0.1:8800]
+python examples/agents/sales_agent.py --port 7103 [--hub http://127.0.0.1:8800]
 
 The first node of dags/sales_analysis_flow.json and dags/diamond_review.json. The figures
 are computed from the region's name, so every run shows the same numbers. A region the

@@ -1,7 +1,7 @@
 """Demo agent: explains a region's sales trend (here: from the first and last month) — run
 by `reach up`.
 
-python examples/knowledge_agent.py --port 7104 [--hub http://127.0.0.1:8800]
+python examples/agents/knowledge_agent.py --port 7104 [--hub http://127.0.0.1:8800]
 
 The middle of dags/sales_analysis_flow.json (no angle) and dags/diamond_review.json (the
 "pricing" and "supply" reviews). The supply review of "west" answers business error 503,

@@ -1,6 +1,6 @@
 """Demo agent: summarises text (here: its first sentence) — run by `reach up`.
 
-python examples/summarizer.py --port 7102 [--hub http://127.0.0.1:8800]
+python examples/agents/summarizer.py --port 7102 [--hub http://127.0.0.1:8800]
 """
 
 from __future__ import annotations
