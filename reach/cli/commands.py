@@ -1,4 +1,7 @@
-"""The ``reach`` command line: run the hub's processes and look at the fleet."""
+"""The ``reach`` command line: run the hub's processes and look at the fleet.
+
+Commands fetch and print; the tables they print are built in `reach.cli.rendering`.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +14,14 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
+from reach.cli.rendering import (
+    agents_table,
+    dag_table,
+    dead_letters_table,
+    events_table,
+    task_lines,
+)
 from reach.errors import ConfigError, ReachError
 from reach.hub.settings import Settings, load_settings
 
@@ -25,14 +34,6 @@ err_console = Console(stderr=True, soft_wrap=True)
 HubOption = Annotated[
     str | None, typer.Option("--hub", help="Hub URL (default: $REACH_HUB_URL or 127.0.0.1:8800)")
 ]
-
-STATUS_STYLE = {
-    "online": "green",
-    "degraded": "yellow",
-    "unreachable": "red",
-    "offline": "bright_black",
-    "deregistered": "bright_black",
-}
 
 
 def _settings() -> Settings:
@@ -207,50 +208,6 @@ def agents(
     console.print(agents_table(body["agents"]))
 
 
-def agents_table(agents: list[dict[str, Any]]) -> Table:
-    table = Table(title="Agents", show_lines=False)
-    for column in (
-        "agent",
-        "instance",
-        "status",
-        "score",
-        "endpoint",
-        "last heartbeat",
-        "load",
-        "in flight",
-        "tags",
-        "capabilities",
-    ):
-        table.add_column(column)
-    for agent in agents:
-        caps = ", ".join(c["type"] for c in agent["capabilities"])
-        tags = ", ".join(agent["tags"])
-        if not agent["instances"]:
-            table.add_row(agent["agent_id"], "-", "offline", "-", "-", "-", "-", "-", tags, caps)
-        for inst in agent["instances"]:
-            style = STATUS_STYLE.get(inst["status"], "white")
-            table.add_row(
-                agent["agent_id"],
-                inst["instance_id"][:12],
-                f"[{style}]{inst['status']}[/{style}]",
-                _score_cell(inst.get("reach_score")),
-                inst.get("public_endpoint") or inst["endpoint"],
-                f"{inst['heartbeat_age_s']:.1f}s ago",
-                f"{inst['current_load']:.0%}",
-                f"{inst['in_flight']}/{inst['max_concurrency']}",
-                tags,
-                caps,
-            )
-    return table
-
-
-def _score_cell(score: float | None) -> str:
-    if score is None:
-        return "-"
-    colour = "green" if score >= 80 else "yellow" if score >= 60 else "red"
-    return f"[{colour}]{score:.1f}[/{colour}]"
-
-
 tasks_app = typer.Typer(help="Tasks.", no_args_is_help=True)
 dlq_app = typer.Typer(help="The dead-letter queue.", no_args_is_help=True)
 app.add_typer(tasks_app, name="tasks")
@@ -329,28 +286,9 @@ def tasks_show(task_id: str, hub: HubOption = None) -> None:
         _fail(exc)
     finally:
         client.close()
-    console.print(
-        f"[bold]{task['task_id']}[/bold]  {task['status']}  method={task['method']}  "
-        f"agent={task['agent_id']}  attempt={task['attempt_seq']}  "
-        f"retries={task['retries']}"
-    )
-    if task.get("result") is not None:
-        console.print(f"result: {json.dumps(task['result'])}")
-    if task.get("error"):
-        console.print(f"error: {json.dumps(task['error'])}")
-    table = Table(title="events")
-    for column in ("at", "kind", "attempt", "agent", "instance", "detail"):
-        table.add_column(column)
-    for e in events:
-        table.add_row(
-            f"{e['at']:.3f}",
-            e["kind"],
-            str(e["attempt_seq"]),
-            e["agent_id"] or "-",
-            (e["instance_id"] or "-")[:12],
-            json.dumps(e["detail"])[:120],
-        )
-    console.print(table)
+    for line in task_lines(task):
+        console.print(line)
+    console.print(events_table(events))
 
 
 @dlq_app.command("list")
@@ -367,20 +305,7 @@ def dlq_list(
         )["dead_letters"]
     except ReachError as exc:
         _fail(exc)
-    table = Table(title="dead letters")
-    for column in ("id", "task", "agent", "method", "attempts", "reason", "replayed"):
-        table.add_column(column)
-    for r in rows:
-        table.add_row(
-            str(r["id"]),
-            r["task_id"],
-            r["agent_id"] or "-",
-            r["method"],
-            str(r["attempts"]),
-            r["reason"],
-            "yes" if r["replayed_at"] else "",
-        )
-    console.print(table)
+    console.print(dead_letters_table(rows))
 
 
 @dlq_app.command("show")
@@ -407,32 +332,6 @@ def dlq_replay(dead_id: int, hub: HubOption = None) -> None:
 
 dag_app = typer.Typer(help="DAG runs.", no_args_is_help=True)
 app.add_typer(dag_app, name="dag")
-NODE_STYLE = {
-    "success": "green",
-    "failed": "red",
-    "timeout": "red",
-    "skipped": "bright_black",
-    "running": "yellow",
-    "pending": "white",
-}
-
-
-def _dag_table(run: dict[str, Any]) -> Table:
-    table = Table(
-        title=f"{run['name']}  {run['run_id']}  [bold]{run['status']}[/bold]",
-        caption=run.get("reason") or None,
-    )
-    for column in ("node", "status", "task", "reason"):
-        table.add_column(column)
-    for node in run["nodes"]:
-        style = NODE_STYLE.get(node["status"], "white")
-        table.add_row(
-            node["node_id"],
-            f"[{style}]{node['status']}[/{style}]",
-            node["task_id"] or "-",
-            (node["reason"] or "")[:80],
-        )
-    return table
 
 
 @dag_app.command("run")
@@ -464,11 +363,11 @@ def dag_run(
             "/api/v1/dag-runs", {"dag": spec.model_dump(mode="json"), "input": run_input}
         )
         deadline = time.monotonic() + wait
-        with Live(_dag_table(run), console=console, refresh_per_second=4) as live:
+        with Live(dag_table(run), console=console, refresh_per_second=4) as live:
             while run["status"] == "running" and time.monotonic() < deadline:
                 time.sleep(0.25)
                 run = client.get(f"/api/v1/dag-runs/{run['run_id']}")
-                live.update(_dag_table(run))
+                live.update(dag_table(run))
     except ReachError as exc:
         _fail(exc)
     finally:
@@ -491,7 +390,7 @@ def dag_show(
     if as_json:
         print(json.dumps(run, indent=2))
     else:
-        console.print(_dag_table(run))
+        console.print(dag_table(run))
 
 
 @db_app.command("upgrade")
