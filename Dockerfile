@@ -3,7 +3,7 @@
 # Agent-Reach image: one image for every process (api, worker, beat, flower,
 # migrations); docker-compose.yml picks the process with `command:`.
 
-# ---- build: install the project into a self-contained venv -----------------
+# ---- build: install the hub (`.[hub]`) into a self-contained venv ----------
 FROM python:3.11-slim AS build
 
 ENV PIP_NO_CACHE_DIR=1 \
@@ -14,7 +14,7 @@ RUN python -m venv /opt/venv
 
 WORKDIR /src
 COPY . .
-RUN pip install .
+RUN pip install '.[hub]'
 
 # ---- runtime: the venv only, no sources, no build tools, non-root ---------
 FROM python:3.11-slim

@@ -1,3 +1,3 @@
-from reach.cli.commands import main
+from reach.cli import main
 
 main()
