@@ -20,6 +20,7 @@
     │   ├── InvalidPayload          the payload fails the capability's params_schema
     │   ├── UnknownTask
     │   ├── TaskConflict            a task_id reused for a different task
+    │   │   └── IllegalTransition   the task's status does not allow this move
     │   └── ResultTimeout           no terminal result within the caller's wait
     ├── HubUnavailable              the SDK could not reach the hub
     ├── DagError
@@ -241,6 +242,14 @@ class TaskConflict(TaskError):
     slug = "task-conflict"
     status = 409
     title = "Task conflict"
+
+
+class IllegalTransition(TaskConflict):
+    """The task's current status does not allow this move in its lifecycle."""
+
+    slug = "illegal-transition"
+    status = 409
+    title = "Illegal task transition"
 
 
 class ResultTimeout(TaskError):

@@ -8,15 +8,10 @@ is offline once ``missed_intervals`` whole intervals have passed without a heart
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 
+from reach.core.statuses import InstanceStatus
 
-class InstanceStatus(StrEnum):
-    ONLINE = "online"
-    DEGRADED = "degraded"
-    UNREACHABLE = "unreachable"
-    OFFLINE = "offline"
-    DEREGISTERED = "deregistered"
+__all__ = ["HeartbeatFacts", "InstanceStatus", "heartbeat_age", "liveness"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,9 +7,11 @@ from its inputs.
 
 The steps, in order:
 
-1. **Filter** (`matches`): the agent ID, every requested tag, the capability type and every
-   metadata rule must match. A filter naming none of agent ID, tags or capability is refused
-   when it is built -- a route is never a blind broadcast.
+1. **Filter** (`eligibility`, `matches`): the agent ID, every requested tag, the capability
+   type and every metadata rule must match, and an agent that declares capabilities must
+   declare the method too (it is the capability invoked). A filter naming none of agent ID,
+   tags or capability is refused when it is built -- a route is never a blind broadcast.
+   Submission asks the same function, so what submit accepts delivery can route.
 2. **Drop** what cannot take work: instances not routable (by the reachability verdict, or
    because their circuit breaker is open; see ``reach.core.breaker``), and any status other
    than ONLINE or DEGRADED (offline, unreachable, deregistered).
@@ -31,9 +33,9 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, Protocol, TypeAlias
 
 from reach.core.health import InstanceStatus
 from reach.errors import NoSuitableAgent
@@ -41,10 +43,14 @@ from reach.errors import NoSuitableAgent
 __all__ = [
     "DEFAULT_TIE_MARGIN",
     "Candidate",
+    "Declaration",
+    "Declared",
+    "Eligible",
     "MetadataValue",
     "RouteFilter",
     "choose",
     "choose_excluding",
+    "eligibility",
     "matches",
     "rank",
 ]
@@ -126,6 +132,40 @@ class Candidate:
         return self.in_flight >= self.max_concurrency
 
 
+class Declared(Protocol):
+    """What an agent declares about itself, as eligibility reads it (a `Candidate` is one)."""
+
+    @property
+    def agent_id(self) -> str: ...
+    @property
+    def tags(self) -> tuple[str, ...]: ...
+    @property
+    def capabilities(self) -> tuple[str, ...]: ...  # the declared capability types
+    @property
+    def metadata(self) -> tuple[tuple[str, MetadataValue], ...]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Declaration:
+    """An agent's declaration without an instance (what submission checks against)."""
+
+    agent_id: str
+    tags: tuple[str, ...] = ()
+    capabilities: tuple[str, ...] = ()
+    metadata: tuple[tuple[str, MetadataValue], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Eligible:
+    """An agent may take the request; ``capability`` is the declared capability the
+    method invokes (its ``params_schema`` applies), None when the agent declares none."""
+
+    capability: str | None
+
+
+_NO_SCHEMA: Final = Eligible(capability=None)
+
+
 def _kind(value: object) -> str:
     if isinstance(value, bool):
         return "bool"
@@ -134,25 +174,40 @@ def _kind(value: object) -> str:
     return type(value).__name__
 
 
-def _rule_holds(metadata: dict[str, MetadataValue], key: str, wanted: MetadataValue) -> bool:
+def _rule_holds(metadata: Mapping[str, MetadataValue], key: str, wanted: MetadataValue) -> bool:
     if key not in metadata:
         return False
     actual = metadata[key]
     return _kind(actual) == _kind(wanted) and actual == wanted
 
 
+def eligibility(decl: Declared, flt: RouteFilter, method: str | None) -> Eligible | None:
+    """Whether the declared agent may take a request for ``method`` under ``flt``.
+
+    The one eligibility rule, asked at submit time and when delivery loads candidates:
+    every part of the filter that is set must match (metadata rules as the module
+    docstring says), and an agent that declares capabilities must declare ``method``
+    among them -- it would not know what to do with it otherwise. ``method=None``
+    checks the filter alone. None when not eligible.
+    """
+    if flt.agent_id and decl.agent_id != flt.agent_id:
+        return None
+    if flt.tags and not set(flt.tags) <= set(decl.tags):
+        return None
+    if flt.capability and flt.capability not in decl.capabilities:
+        return None
+    if flt.rules:
+        metadata = dict(decl.metadata)
+        if not all(_rule_holds(metadata, key, wanted) for key, wanted in flt.rules):
+            return None
+    if not decl.capabilities or method is None:
+        return _NO_SCHEMA
+    return Eligible(capability=method) if method in decl.capabilities else None
+
+
 def matches(c: Candidate, flt: RouteFilter) -> bool:
     """True when the candidate satisfies every part of the filter that is set."""
-    if flt.agent_id and c.agent_id != flt.agent_id:
-        return False
-    if flt.tags and not set(flt.tags) <= set(c.tags):
-        return False
-    if flt.capability and flt.capability not in c.capabilities:
-        return False
-    if flt.rules:
-        metadata = dict(c.metadata)
-        return all(_rule_holds(metadata, key, wanted) for key, wanted in flt.rules)
-    return True
+    return eligibility(c, flt, None) is not None
 
 
 def _tier(c: Candidate) -> int:

@@ -15,13 +15,13 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from reach.core.health import InstanceStatus
 from reach.core.routing import RouteFilter, matches
+from reach.core.statuses import TERMINAL, InstanceStatus, TaskStatus
 from reach.errors import NoSuitableAgent, UnknownTask
 from reach.hub import registry
 from reach.hub.monitoring import Policy
 from reach.hub.storage.models import BroadcastRow, TaskRow
-from reach.hub.submission import TERMINAL, submit
+from reach.hub.submission import submit
 from reach.schemas import BroadcastRequest, SubmitRequest
 
 _TAKING_WORK = (InstanceStatus.ONLINE, InstanceStatus.DEGRADED)
@@ -105,7 +105,7 @@ def aggregate(session: Session, broadcast_id: str, now: float) -> dict[str, Any]
                 "finished_at": task.finished_at,
             }
         )
-    succeeded = sum(1 for r in results if r["status"] == "success")
+    succeeded = sum(1 for r in results if r["status"] == TaskStatus.SUCCESS)
     all_done = all(r["status"] in TERMINAL for r in results)
     if succeeded >= row.min_results:
         complete, reason = (

@@ -17,9 +17,10 @@ from sqlalchemy.orm import Session
 
 from reach.core import dags
 from reach.core.dags import DagSpec, NodeResult, NodeStatus
+from reach.core.statuses import TERMINAL, TaskStatus
 from reach.errors import DagError, ReachError, UnknownTask
 from reach.hub.storage.models import DagNodeRunRow, DagRunRow, TaskRow
-from reach.hub.submission import TERMINAL, submit
+from reach.hub.submission import submit
 from reach.schemas import SubmitRequest
 
 FINISHED = {s.value for s in NodeStatus}
@@ -112,7 +113,7 @@ def advance_node(session: Session, run_id: str, node_id: str, now: float) -> Ste
     reach_task = session.scalar(select(TaskRow).where(TaskRow.task_id == row.task_id))
     if reach_task is None:
         raise UnknownTask(f"task {row.task_id!r} of node {node_id!r} vanished")
-    transient = reach_task.status == "dead" or (
+    transient = reach_task.status == TaskStatus.DEAD or (
         reach_task.status not in TERMINAL
         and row.started_at is not None
         and now - row.started_at > node.timeout_ms / 1000
@@ -129,7 +130,7 @@ def advance_node(session: Session, run_id: str, node_id: str, now: float) -> Ste
         row.started_at = now
         return Step(None, submitted_task=task["task_id"])
     if reach_task.status in TERMINAL:
-        if reach_task.status == "success":
+        if reach_task.status == TaskStatus.SUCCESS:
             result = NodeResult(
                 status=NodeStatus.SUCCESS, data=reach_task.result, reason="succeeded"
             )
@@ -268,7 +269,7 @@ def canvas_step(
                 NodeResult(status=NodeStatus.TIMEOUT, reason=f"no result within {timeout_ms} ms")
             )
         return Step(None)
-    if existing.status == "success":
+    if existing.status == TaskStatus.SUCCESS:
         return Step(NodeResult(status=NodeStatus.SUCCESS, data=existing.result, reason="succeeded"))
     return Step(
         NodeResult(status=NodeStatus.FAILED, error=existing.error, reason=f"task {existing.status}")

@@ -7,7 +7,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from reach.errors import TaskConflict, UnknownTask
+from reach.core import lifecycle
+from reach.core.lifecycle import TaskEvent
+from reach.core.statuses import TaskStatus
+from reach.errors import IllegalTransition, TaskConflict, UnknownTask
 from reach.hub.delivery import Publish, add_attempt, load_for_update, record_event
 from reach.hub.storage.models import DeadLetterRow
 
@@ -52,10 +55,18 @@ def replay(session: Session, dead_id: int, now: float) -> Publish:
     if dead.replayed_at is not None:
         raise TaskConflict(f"dead letter {dead_id} was already replayed", dead_letter_id=dead_id)
     task = load_for_update(session, dead.task_id)
-    if task is None or task.status != "dead":
+    if task is None:
         raise TaskConflict(f"task {dead.task_id!r} is not dead any more", task_id=dead.task_id)
+    try:
+        status = lifecycle.transition(TaskStatus(task.status), TaskEvent.REPLAY)
+    except IllegalTransition as exc:
+        raise IllegalTransition(
+            f"task {dead.task_id!r} is not dead any more ({exc.detail})",
+            task_id=dead.task_id,
+            **exc.extra,
+        ) from None
     dead.replayed_at = now
-    task.status = "pending"
+    task.status = status
     task.attempt_seq += 1
     task.retries = task.redeliveries = task.deferrals = 0
     task.error = None

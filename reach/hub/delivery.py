@@ -11,6 +11,9 @@ At-least-once with fencing:
 * A retry is a new attempt (``attempt_seq + 1``) with its own outbox row, written in the
   same transaction as the state change; publishing it is the caller's job (the Celery
   shell) and the relay's if the caller dies first.
+
+Every status written here is the one ``reach.core.lifecycle`` gives for the move, so no
+path can write a move its transition table does not list.
 """
 
 from __future__ import annotations
@@ -23,13 +26,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
-from sqlalchemy import Table, bindparam, case, func, insert, select, update
+from sqlalchemy import ColumnElement, Table, bindparam, case, func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from reach.core import lifecycle
 from reach.core.breaker import BreakerPolicy
+from reach.core.lifecycle import TaskEvent
 from reach.core.retry import Outcome, RetryPolicy, backoff_delay, classify, should_retry
 from reach.core.routing import RouteFilter, choose_excluding
-from reach.errors import NoSuitableAgent
+from reach.core.statuses import TERMINAL, TaskStatus
+from reach.errors import NoSuitableAgent, UnknownTask
 from reach.hub import breakers as breaker_store
 from reach.hub import metrics, registry
 from reach.hub.agent_http import AgentAnswer, AgentTransport
@@ -40,7 +46,6 @@ from reach.hub.storage.models import DeadLetterRow, OutboxRow, TaskEventRow, Tas
 from reach.hub.wakeups import mark_finished
 
 log = logging.getLogger("reach.hub.delivery")
-TERMINAL = ("success", "failed", "dead", "cancelled")
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,20 +206,30 @@ VIEW_COLUMNS = (
 # The hot path's statements, built once: constructing a statement and its cache key on
 # every delivery cost more CPU than executing it. Bound names carry a ``b_`` prefix
 # (column names are reserved for the SET clause).
+# Their status guards and targets come from the lifecycle table.
 _SECONDS = _T.c.timeout_ms / 1000.0
+
+
+def _status_in(event: TaskEvent) -> ColumnElement[bool]:
+    """``status IN (sources of event)``; a plain ``=`` for one source (no expanding IN)."""
+    sources = sorted(lifecycle.sources_of(event))
+    return _T.c.status == sources[0] if len(sources) == 1 else _T.c.status.in_(sources)
+
+
 _CLAIM = (
     update(_T)
     .where(
         _T.c.task_id == bindparam("b_task_id"),
         _T.c.attempt_seq == bindparam("b_seq"),
-        (_T.c.status == "pending")
+        _status_in(TaskEvent.CLAIM)
         | (
-            (_T.c.status == "dispatching")
+            _status_in(TaskEvent.RECLAIM)
             & (func.coalesce(_T.c.lease_until, 0) <= bindparam("b_now"))
         ),
     )
     .values(
-        status="dispatching",
+        # CLAIM and RECLAIM lead to the same status
+        status=lifecycle.target_of(TaskEvent.CLAIM),
         lease_token=bindparam("b_token"),
         lease_until=bindparam("b_lease_base")
         + case(
@@ -223,7 +238,7 @@ _CLAIM = (
             else_=_SECONDS,
         ),
         updated_at=bindparam("b_now"),
-        redeliveries=_T.c.redeliveries + case((_T.c.status == "dispatching", 1), else_=0),
+        redeliveries=_T.c.redeliveries + case((_status_in(TaskEvent.RECLAIM), 1), else_=0),
     )
     .returning(
         _T.c.target,
@@ -248,9 +263,9 @@ _ASSIGN = (
 )
 _SUCCEED = (
     update(_T)
-    .where(_T.c.task_id == bindparam("b_task_id"), _T.c.status.notin_(TERMINAL))
+    .where(_T.c.task_id == bindparam("b_task_id"), _status_in(TaskEvent.SUCCEED))
     .values(
-        status="success",
+        status=lifecycle.target_of(TaskEvent.SUCCEED),
         result=bindparam("b_result", type_=_T.c.result.type),
         error=None,
         finished_at=bindparam("b_now"),
@@ -389,7 +404,7 @@ def succeed(
         "terminal_success", now, detail,
     )  # fmt: skip
     mark_finished(session, task_id, view)
-    metrics.TASKS_TOTAL.labels("success").inc()
+    metrics.TASKS_TOTAL.labels(TaskStatus.SUCCESS).inc()
     return view
 
 
@@ -434,7 +449,7 @@ def record_outcome(
         finish(
             session,
             task,
-            "success",
+            TaskStatus.SUCCESS,
             now,
             result=body.get("data"),
             detail={"instance_id": d.instance_id, "attempt_seq": d.attempt_seq},
@@ -453,7 +468,7 @@ def record_outcome(
         finish(
             session,
             task,
-            "failed",
+            TaskStatus.FAILED,
             now,
             error=error,
             detail={"instance_id": d.instance_id, "attempt_seq": d.attempt_seq},
@@ -469,7 +484,7 @@ def record_outcome(
         )
         return None
     if outcome is Outcome.ACCEPTED:
-        task.status = "executing"
+        task.status = lifecycle.transition(TaskStatus(task.status), TaskEvent.ACCEPT)
         task.accepted_at = now
         task.deadline = now + task.timeout_ms / 1000 + dpolicy.watchdog_grace
         task.lease_until = None
@@ -531,8 +546,8 @@ def fail_transient(
 def schedule_retry(
     session: Session, task: TaskRow, now: float, delay: float, reason: str, detail: dict[str, Any]
 ) -> Publish:
+    task.status = lifecycle.transition(TaskStatus(task.status), TaskEvent.RETRY)
     task.attempt_seq += 1
-    task.status = "pending"
     task.lease_token = None
     task.lease_until = None
     task.next_attempt_at = now + delay
@@ -548,17 +563,18 @@ def schedule_retry(
 def finish(
     session: Session,
     task: TaskRow,
-    status: str,
+    status: TaskStatus,
     now: float,
     *,
     result: Any = None,
     error: dict[str, Any] | None = None,
     detail: dict[str, Any] | None = None,
 ) -> bool:
-    """Make the task terminal unless it already is (first terminal result wins)."""
+    """Make the task terminal (``status``) unless it already is: first terminal result wins."""
     if task.status in TERMINAL:
         record_event(session, task, "duplicate_result", now, {"status": status, **(detail or {})})
         return False
+    status = lifecycle.transition(TaskStatus(task.status), lifecycle.ending(status))
     task.status = status
     task.result = result
     task.error = error
@@ -566,7 +582,7 @@ def finish(
     task.updated_at = now
     task.lease_token = None
     task.lease_until = None
-    kind = "terminal_success" if status == "success" else "terminal_failure"
+    kind = "terminal_success" if status is TaskStatus.SUCCESS else "terminal_failure"
     mark_finished(session, task.task_id, task_view(task))
     record_event(
         session, task, kind, now, {**(detail or {}), **({"error": error} if error else {})}
@@ -578,7 +594,7 @@ def finish(
 def dead_letter(
     session: Session, task: TaskRow, now: float, *, reason: str, error: dict[str, Any]
 ) -> None:
-    finish(session, task, "dead", now, error={**error, "reason": reason})
+    finish(session, task, TaskStatus.DEAD, now, error={**error, "reason": reason})
     session.add(
         DeadLetterRow(
             task_id=task.task_id,
@@ -632,7 +648,7 @@ def unmark_published(session: Session, task_id: str, attempt_seq: int) -> None:
 
 
 def _holds_lease(task: TaskRow, d: _Dispatch) -> bool:
-    return task.status == "dispatching" and task.lease_token == d.token
+    return task.status == TaskStatus.DISPATCHING and task.lease_token == d.token
 
 
 def record_event(
@@ -656,7 +672,7 @@ def load_for_update(session: Session, task_id: str) -> TaskRow | None:
     return session.scalar(select(TaskRow).where(TaskRow.task_id == task_id).with_for_update())
 
 
-def report_result(
+def record_report(
     session: Session,
     task_id: str,
     code: int,
@@ -667,26 +683,23 @@ def report_result(
     attempt_seq: int | None,
     instance_id: str | None,
 ) -> bool:
-    """An agent's late answer (after 202). Returns True if it decided the task."""
+    """Record an agent's reported answer (after its 202): True if it decided the task,
+    False if the task already had its terminal result (then it is kept as an event)."""
     detail = {"reported_by": instance_id, "attempt_seq": attempt_seq, "late_report": True}
     if code == 0 and succeed(session, task_id, data, now, detail) is not None:
         return True  # the common case, without loading the row
     task = load_for_update(session, task_id)
     if task is None:
-        from reach.errors import UnknownTask
-
         raise UnknownTask(f"task {task_id!r} does not exist", task_id=task_id)
     if code == 0:
-        return finish(session, task, "success", now, result=data, detail=detail)
+        return finish(session, task, TaskStatus.SUCCESS, now, result=data, detail=detail)
     error = {"kind": "business", "code": code, "message": message[:2000]}
-    return finish(session, task, "failed", now, error=error, detail=detail)
+    return finish(session, task, TaskStatus.FAILED, now, error=error, detail=detail)
 
 
 def report_progress(session: Session, task_id: str, detail: dict[str, Any], now: float) -> None:
     task = session.scalar(select(TaskRow).where(TaskRow.task_id == task_id))
     if task is None:
-        from reach.errors import UnknownTask
-
         raise UnknownTask(f"task {task_id!r} does not exist", task_id=task_id)
     record_event(session, task, "progress", now, detail)
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from reach.core.statuses import TaskStatus
 from reach.hub.delivery import (
     DeliveryPolicy,
     Publish,
@@ -88,7 +89,7 @@ def recover(
                 session,
                 (
                     select(TaskRow)
-                    .where(TaskRow.status == "pending")
+                    .where(TaskRow.status == TaskStatus.PENDING)
                     .where(TaskRow.next_attempt_at <= now - grace)
                     .where(
                         (TaskRow.last_published_at.is_(None))
@@ -116,7 +117,7 @@ def recover(
             session,
             (
                 select(TaskRow)
-                .where(TaskRow.status == "dispatching")
+                .where(TaskRow.status == TaskStatus.DISPATCHING)
                 .where(TaskRow.lease_until < now)
                 .limit(limit)
             ),
@@ -145,7 +146,7 @@ def recover(
             session,
             (
                 select(TaskRow)
-                .where(TaskRow.status == "executing")
+                .where(TaskRow.status == TaskStatus.EXECUTING)
                 .where(TaskRow.deadline < now)
                 .limit(limit)
             ),

@@ -23,13 +23,12 @@ from sqlalchemy.orm import Session
 
 from reach.core.breaker import BreakerState
 from reach.core.breaker import state as breaker_state
-from reach.core.routing import RouteFilter
+from reach.core.routing import Declaration, RouteFilter, eligibility
+from reach.core.statuses import InstanceStatus, TaskStatus
 from reach.errors import CircuitOpen, InvalidPayload, NoSuitableAgent, TaskConflict
 from reach.hub.delivery import VIEW_COLUMNS, task_view
 from reach.hub.storage.models import AgentRow, InstanceRow, OutboxRow, TaskEventRow, TaskRow
 from reach.schemas import SubmitRequest
-
-TERMINAL = frozenset({"success", "failed", "dead", "cancelled"})
 
 
 def route_filter(req: SubmitRequest) -> RouteFilter:
@@ -106,7 +105,7 @@ def submit(
         "target": target,
         "method": req.method,
         "payload": req.payload,
-        "status": "pending",
+        "status": TaskStatus.PENDING,
         "attempt_seq": 1,
         "idempotency_key": task_id,
         "session_id": req.session_id,
@@ -159,8 +158,9 @@ _ADD_OUTBOX = insert(cast(Table, OutboxRow.__table__))
 
 
 def _check_target(session: Session, req: SubmitRequest, now: float) -> None:
-    """At least one registered agent must match and accept the payload, and not every
-    instance of the matching agents may have its circuit breaker open.
+    """At least one registered agent must be eligible (`reach.core.routing.eligibility`,
+    the rule delivery routes by) and accept the payload, and not every instance of the
+    eligible agents may have its circuit breaker open.
 
     One read: the matching agents with their live instances' breaker state."""
     flt = route_filter(req)
@@ -173,7 +173,7 @@ def _check_target(session: Session, req: SubmitRequest, now: float) -> None:
             InstanceRow.breaker_open_until,
         )
         .join(InstanceRow, InstanceRow.agent_id == AgentRow.agent_id)
-        .where(InstanceRow.status != "deregistered")
+        .where(InstanceRow.status != InstanceStatus.DEREGISTERED)
     )
     if req.agent_id:
         query = query.where(AgentRow.agent_id == req.agent_id)
@@ -184,24 +184,23 @@ def _check_target(session: Session, req: SubmitRequest, now: float) -> None:
         breakers.setdefault(agent.agent_id, []).append(agent.breaker_open_until)
     schema_errors: list[str] = []
     matched: list[str] = []
+    undeclared: list[str] = []  # match the filter, but do not declare the method
     for agent in agents.values():
-        if req.tags and not set(req.tags) <= set(agent.tags):
-            continue
         types = {c["type"]: c for c in agent.capabilities}
-        if req.capability and req.capability not in types:
-            continue
-        if any(
-            agent.meta.get(k) != v or type(agent.meta.get(k)) is not type(v)
-            for k, v in req.rules.items()
-        ):
-            continue
-        capability = types.get(req.method) or (
-            types.get(req.capability) if req.capability else None
+        declared = Declaration(
+            agent_id=agent.agent_id,
+            tags=tuple(agent.tags),
+            capabilities=tuple(types),
+            metadata=tuple(agent.meta.items()),
         )
-        if types and capability is None:
-            continue  # the agent declares what it does, and this method is not among it
-        if capability is not None:
-            error = _schema_error(capability.get("params_schema") or {}, req.payload)
+        found = eligibility(declared, flt, req.method)
+        if found is None:
+            if eligibility(declared, flt, None) is not None:
+                undeclared.append(agent.agent_id)
+            continue
+        if found.capability is not None:
+            schema = types[found.capability].get("params_schema") or {}
+            error = _schema_error(schema, req.payload)
             if error:
                 schema_errors.append(f"{agent.agent_id}: {error}")
                 continue
@@ -214,8 +213,13 @@ def _check_target(session: Session, req: SubmitRequest, now: float) -> None:
             f"payload does not satisfy params_schema of {req.method!r}: {schema_errors[0]}",
             errors=schema_errors,
         )
+    hint = (
+        f"; {', '.join(sorted(undeclared))} match but declare no capability {req.method!r}"
+        if undeclared
+        else ""
+    )
     raise NoSuitableAgent(
-        f"no registered agent matches {flt.describe()} with method {req.method!r}",
+        f"no registered agent matches {flt.describe()} with method {req.method!r}{hint}",
         filter={k: v for k, v in target_of(req).items() if v},
         method=req.method,
     )

@@ -9,11 +9,11 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from reach.core.statuses import TERMINAL
 from reach.hub import broadcast
 from reach.hub.api.longpoll import long_poll
 from reach.hub.context import HubContext
 from reach.hub.delivery import unmark_published
-from reach.hub.submission import TERMINAL
 from reach.hub.wakeups import Waiters
 from reach.schemas import BroadcastRequest
 from reach.worker.canvas import fan_out
@@ -73,5 +73,5 @@ def _answers_missing(view: dict[str, Any]) -> int:
 
 
 def _read(ctx: HubContext, broadcast_id: str) -> dict[str, Any]:
-    with ctx.transaction() as session:
+    with ctx.reading() as session:
         return broadcast.aggregate(session, broadcast_id, ctx.clock.now())
