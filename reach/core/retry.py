@@ -26,10 +26,11 @@ no HTTP answer (refused, timeout, reset)       TRANSIENT         yes, with backo
 any other status (4xx, 1xx, 3xx)               BUSINESS_ERROR    no
 =============================================  ================  ======================
 
-A bool is not an integer code (``{"code": True}`` is a protocol error), matching the SDK's
-envelope rule. A 2xx whose body is not an envelope is a protocol error, classified as
-BUSINESS_ERROR rather than TRANSIENT: the agent did answer, and asking again will not change
-its answer, so retrying would only add load.
+A bool is not an integer code (``{"code": True}`` is a protocol error): the envelope rule
+is `reach.core.envelope`, the one the SDK wraps handler returns with. A 2xx whose body is
+not an envelope is a protocol error, classified as BUSINESS_ERROR rather than TRANSIENT:
+the agent did answer, and asking again will not change its answer, so retrying would only
+add load.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ import math
 import random
 from dataclasses import dataclass
 from enum import StrEnum
+
+from reach.core import envelope
 
 __all__ = [
     "Outcome",
@@ -138,16 +141,6 @@ class Outcome(StrEnum):
     TRANSIENT = "transient"
 
 
-def _envelope_code(body: object) -> int | None:
-    """The integer ``code`` of a ``{"code": ..., ...}`` envelope, or None when there is none."""
-    if not isinstance(body, dict):
-        return None
-    code = body.get("code")
-    if isinstance(code, bool) or not isinstance(code, int):
-        return None
-    return code
-
-
 def classify(status_code: int | None, body: object) -> Outcome:
     """Classify an agent answer; `body` is the parsed JSON (None when absent or not JSON).
 
@@ -158,7 +151,7 @@ def classify(status_code: int | None, body: object) -> Outcome:
     if status_code == 202:
         return Outcome.ACCEPTED
     if 200 <= status_code < 300:
-        code = _envelope_code(body)
+        code = envelope.code_of(body)
         return Outcome.SUCCESS if code == 0 else Outcome.BUSINESS_ERROR
     if status_code == 429:
         return Outcome.BACKPRESSURE

@@ -17,13 +17,11 @@ from sqlalchemy.orm import Session
 
 from reach.core.breaker import BreakerState
 from reach.core.breaker import state as breaker_state
-from reach.core.endpoints import parse_endpoint
+from reach.core.endpoints import parse_endpoint, refusal
 from reach.core.health import HeartbeatFacts, InstanceStatus, heartbeat_age, liveness
 from reach.core.reachability import rise_streak
-from reach.core.routing import Candidate, RouteFilter
+from reach.core.routing import Candidate, Declaration, RouteFilter, eligibility
 from reach.errors import (
-    InvalidRegistration,
-    LoopbackAddress,
     RegistrationConflict,
     UnknownAgent,
     UnknownInstance,
@@ -49,19 +47,9 @@ def register(
     endpoint = parse_endpoint(req.addr)
     public = parse_endpoint(req.public_endpoint) if req.public_endpoint else None
     reachable = public or endpoint
-    if reachable.is_unspecified:
-        raise InvalidRegistration(
-            f"{reachable.host} is not an address the hub can reach; "
-            "bind there if you like, but set public_endpoint to the routable address",
-            field="public_endpoint" if public else "addr",
-        )
-    if reachable.is_loopback and not req.allow_loopback:
-        raise LoopbackAddress(
-            f"{reachable.url} is a loopback address: the hub probes and delivers from its own "
-            "host, where it points at the hub itself. Register a routable address, set "
-            "public_endpoint, or pass allow_loopback=True for local development.",
-            field="public_endpoint" if public else "addr",
-        )
+    refused = refusal(endpoint, public, req.allow_loopback)
+    if refused is not None:
+        raise refused.error()
 
     declaration = _declaration(req)
     agent = session.get(AgentRow, req.agent_id, with_for_update=True)
@@ -223,7 +211,9 @@ def get_agent(session: Session, agent_id: str, now: float, policy: Policy) -> di
 def load_candidates(
     session: Session, flt: RouteFilter, now: float, policy: Policy, method: str | None = None
 ) -> list[Candidate]:
-    """Every registered instance that could serve ``flt`` (and ``method``), with its verdict."""
+    """Every registered instance eligible for ``flt`` (and ``method``), with its verdict.
+
+    Eligibility is `reach.core.routing.eligibility`, the rule submission checks too."""
     query = (
         select(InstanceRow, AgentRow)
         .join(AgentRow, AgentRow.agent_id == InstanceRow.agent_id)
@@ -233,8 +223,13 @@ def load_candidates(
         query = query.where(InstanceRow.agent_id == flt.agent_id)
     out = []
     for inst, agent in session.execute(query).all():
-        types = tuple(c["type"] for c in agent.capabilities)
-        if method and types and method not in types:
+        declared = Declaration(
+            agent_id=inst.agent_id,
+            tags=tuple(agent.tags),
+            capabilities=tuple(c["type"] for c in agent.capabilities),
+            metadata=tuple(sorted(agent.meta.items())),
+        )
+        if eligibility(declared, flt, method or None) is None:
             continue
         verdict = current(inst, now, policy)
         # an open breaker takes the instance out of the pool (not merely to the back);
@@ -250,9 +245,9 @@ def load_candidates(
                 reach_score=verdict.reach_score,
                 in_flight=inst.in_flight,
                 max_concurrency=inst.max_concurrency,
-                tags=tuple(agent.tags),
-                capabilities=types,
-                metadata=tuple(sorted(agent.meta.items())),
+                tags=declared.tags,
+                capabilities=declared.capabilities,
+                metadata=declared.metadata,
                 breaker_open_until=inst.breaker_open_until,
                 breaker_opened_at=inst.breaker_opened_at or 0.0,
             )

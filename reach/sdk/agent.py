@@ -5,7 +5,13 @@
     @agent.route("task.process")
     def handle(task_id: str, payload: dict) -> dict: ...
 
-    agent.serve()
+    agent.serve()                       # the built-in server, or:
+    app = agent.asgi_app()              # an ASGI app for uvicorn, or to mount in FastAPI
+
+``asgi_app()`` serves the same routes as ``serve()`` (see ``reach.sdk.asgi``): run it with
+``uvicorn module:app``, or ``fastapi_app.mount("/reach", app)`` with
+``FastAPI(lifespan=app.lifespan)`` and ``addr="http://host:port/reach"`` so the hub's
+deliveries find the mount.
 
 The heartbeat runs in its own thread with its own HTTP session, so a handler that hogs
 its worker cannot stop the hub from hearing that the process is alive — and the load
@@ -16,7 +22,6 @@ a request beyond it is answered 429 at once (backpressure), never queued invisib
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import threading
@@ -24,28 +29,32 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit
 
 from pydantic import ValidationError
 
-from reach.core.endpoints import parse_endpoint
+from reach.core import envelope
+from reach.core.endpoints import parse_endpoint, refusal
 from reach.errors import (
     BusinessError,
     HubUnavailable,
     InvalidRegistration,
-    LoopbackAddress,
     ReachError,
     UnknownInstance,
 )
 from reach.schemas import Capability, DeregisterRequest, HeartbeatRequest, RegisterRequest
 from reach.sdk import trace
 from reach.sdk.dedup import IdempotencyGuard
+from reach.sdk.dispatch import Reply, TaskCall, dispatch
 from reach.sdk.hub_client import HubClient
+
+if TYPE_CHECKING:
+    from reach.sdk.asgi import AgentApp
 
 log = logging.getLogger("reach.sdk.agent")
 
 Handler = Callable[[str, dict[str, Any]], Any]
-MAX_REQUEST_BYTES = 1_048_576
 
 
 class Agent:
@@ -92,18 +101,13 @@ class Agent:
                 for e in exc.errors()
             ]
             raise InvalidRegistration(f"{where}: {first['msg']}", errors=errors) from None
-        reachable = parse_endpoint(public_endpoint or addr)
-        if reachable.is_unspecified:
-            raise InvalidRegistration(
-                f"{reachable.host} is not an address the hub can reach; bind there if you "
-                "like, but set public_endpoint to the routable address"
-            )
-        if reachable.is_loopback and not allow_loopback:
-            raise LoopbackAddress(
-                f"{reachable.url} is a loopback address and the hub probes from its own host; "
-                "give a routable addr or public_endpoint, or allow_loopback=True for local "
-                "development"
-            )
+        refused = refusal(
+            parse_endpoint(addr),
+            parse_endpoint(public_endpoint) if public_endpoint else None,
+            allow_loopback,
+        )
+        if refused is not None:  # fail here, on the author's machine, not at registration
+            raise refused.error()
         self.hub = HubClient(hub)
         self._routes: dict[str, Handler] = {}
         self.dedup = IdempotencyGuard()
@@ -224,15 +228,39 @@ class Agent:
         )
         self._server_thread.start()
         try:
+            self._join_hub()
+        except BaseException:
+            self._close_server()
+            raise
+
+    def asgi_app(self) -> AgentApp:
+        """This agent's routes as an ASGI 3 app (for uvicorn, or to mount in FastAPI).
+
+        Its lifespan registers and heartbeats on startup and deregisters on shutdown;
+        when mounted, pass ``app.lifespan`` to the parent (mounts get no lifespan events).
+        """
+        from reach.sdk.asgi import AgentApp
+
+        return AgentApp(self)
+
+    def _join_hub(self) -> None:
+        """Register (unless already) and start heartbeats: the server is up elsewhere."""
+        try:
             if not self._registered:
                 self.register()
         except HubUnavailable as exc:
             # The hub may start after its agents; the heartbeat loop keeps trying.
             log.warning("hub unavailable, will register when it answers: %s", exc)
-        except BaseException:
-            self._close_server()
-            raise
         self.start_heartbeat()
+
+    def _leave_hub(self) -> None:
+        """Stop heartbeating and deregister (the hub being down is not an error here)."""
+        self.stop_heartbeat()
+        try:
+            self.deregister()
+        except HubUnavailable as exc:
+            log.warning("could not deregister (hub unavailable): %s", exc)
+        self.hub.close()
 
     def serve(self) -> None:
         """Serve until SIGINT/SIGTERM (or ``close()``), then deregister cleanly."""
@@ -249,11 +277,7 @@ class Agent:
         """Stop serving and heartbeating, then deregister this instance."""
         self.stop_heartbeat()
         self._close_server()
-        try:
-            self.deregister()
-        except HubUnavailable as exc:
-            log.warning("could not deregister (hub unavailable): %s", exc)
-        self.hub.close()
+        self._leave_hub()
 
     def _close_server(self) -> None:
         if self._server is not None:
@@ -299,20 +323,20 @@ class Agent:
         started = time.monotonic()
         failed = False
         status: int
-        envelope: dict[str, Any]
+        reply: dict[str, Any]
         try:
             with trace.handling(task_id, body.get("trace"), self.agent_id, self.hub.base_url):
                 value = handler(task_id, payload)
             if value is ACCEPTED:
-                status, envelope = 202, {"code": 0, "accepted": True}
+                status, reply = 202, {"code": 0, "accepted": True}
             else:
-                status, envelope = 200, _envelope(value)
+                status, reply = 200, envelope.wrap(value)
         except BusinessError as exc:
-            status, envelope = 200, {"code": exc.code, "message": exc.message}
+            status, reply = 200, {"code": exc.code, "message": exc.message}
         except Exception as exc:
             failed = True
             log.exception("handler for %s failed on task %s", method, task_id)
-            status, envelope = 500, {"code": -1, "message": f"{type(exc).__name__}: {exc}"}
+            status, reply = 500, {"code": -1, "message": f"{type(exc).__name__}: {exc}"}
         finally:
             with self._lock:
                 self._in_flight -= 1
@@ -320,8 +344,8 @@ class Agent:
                 self._consecutive_failures = self._consecutive_failures + 1 if failed else 0
             self._slots.release()
         # A transient failure is not remembered: the hub's retry must run the handler again.
-        self.dedup.finish(task_id, (status, envelope), remember=not failed)
-        return status, envelope
+        self.dedup.finish(task_id, (status, reply), remember=not failed)
+        return status, reply
 
     # -- results after 202 ------------------------------------------------------------------
     def report_result(
@@ -362,18 +386,9 @@ def _duplicate_wait(body: Mapping[str, Any]) -> float:
     return 5.0
 
 
-def _envelope(value: Any) -> dict[str, Any]:
-    """A plain return is ``{"code": 0, "data": value}``; a dict with an int code passes through."""
-    if (
-        isinstance(value, dict)
-        and isinstance(value.get("code"), int)
-        and not isinstance(value.get("code"), bool)
-    ):
-        return value
-    return {"code": 0, "data": value}
-
-
 def _make_request_handler(agent: Agent) -> type[BaseHTTPRequestHandler]:
+    root = parse_endpoint(agent.declaration.addr).path
+
     class RequestHandler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "reach-agent"
@@ -387,43 +402,21 @@ def _make_request_handler(agent: Agent) -> type[BaseHTTPRequestHandler]:
             except (ConnectionResetError, BrokenPipeError):
                 pass  # the peer left early (a probe reads only the status line): not an error
 
-        def do_GET(self) -> None:
-            if self.path == "/healthz":
-                self._reply(
-                    200,
-                    {
-                        "status": "ok",
-                        "agent_id": agent.agent_id,
-                        "instance_id": agent.instance_id,
-                        "in_flight": agent.in_flight,
-                    },
-                )
-            else:
-                self._reply(404, {"code": 404, "message": "not found"})
+        def _dispatch(self) -> None:
+            path = unquote(urlsplit(self.path).path)
+            length = self.headers.get("Content-Length")
+            routed = dispatch(agent, self.command, path, length, root)
+            if isinstance(routed, TaskCall):
+                routed = routed.run(self.rfile.read(int(length or 0)))
+            elif length not in (None, "0"):
+                self.close_connection = True  # an unread body would read as the next request
+            self._reply(routed)
 
-        def do_POST(self) -> None:
-            prefix = "/tasks/"
-            if not self.path.startswith(prefix):
-                self._reply(404, {"code": 404, "message": "not found"})
-                return
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > MAX_REQUEST_BYTES:
-                self._reply(413, {"code": 413, "message": "request body too large"})
-                return
-            try:
-                body = json.loads(self.rfile.read(length) or b"{}")
-            except ValueError:
-                self._reply(400, {"code": 400, "message": "body is not JSON"})
-                return
-            if not isinstance(body, dict):
-                self._reply(400, {"code": 400, "message": "body must be a JSON object"})
-                return
-            status, envelope = agent.invoke(self.path[len(prefix) :], body)
-            self._reply(status, envelope)
+        do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _dispatch
 
-        def _reply(self, status: int, body: dict[str, Any]) -> None:
-            data = json.dumps(body, default=str).encode()
-            self.send_response(status)
+        def _reply(self, reply: Reply) -> None:
+            data = reply.encode()
+            self.send_response(reply.status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()

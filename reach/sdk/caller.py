@@ -22,6 +22,11 @@ from reach.sdk import trace
 from reach.sdk.hub_client import HubClient
 
 
+def _client(hub: str | None, read_timeout: float = 10.0) -> HubClient:
+    """A client on this process's pooled session for the hub (see ``hub_client``)."""
+    return HubClient(hub, read_timeout=read_timeout, shared=True)
+
+
 @dataclass(frozen=True, slots=True)
 class Submission:
     task_id: str
@@ -64,42 +69,32 @@ def send(
         "session_id": session_id,
         "trace": trace.child_of(trace.current()),
     }
-    client = HubClient(hub)
-    try:
-        answer = client.post("/v1/tasks", {k: v for k, v in body.items() if v is not None})
-    finally:
-        client.close()
+    answer = _client(hub).post("/v1/tasks", {k: v for k, v in body.items() if v is not None})
     return Submission(answer["task_id"], answer["status"])
 
 
 def get_task(task_id: str, *, wait: float = 0.0, hub: str | None = None) -> dict[str, Any]:
-    client = HubClient(hub, read_timeout=wait + 10)
-    try:
-        return client.get(f"/v1/tasks/{task_id}", params={"wait": wait} if wait else None)
-    finally:
-        client.close()
+    client = _client(hub, read_timeout=wait + 10)
+    return client.get(f"/v1/tasks/{task_id}", params={"wait": wait} if wait else None)
 
 
 def wait_for_result(task_id: str, timeout: float = 60.0, *, hub: str | None = None) -> TaskResult:
     """Block until the task is terminal; return its data or raise the typed error."""
     deadline = time.monotonic() + timeout
-    client = HubClient(hub, read_timeout=40.0)
-    try:
-        while True:
-            left = deadline - time.monotonic()
-            view = client.get(
-                f"/v1/tasks/{task_id}", params={"wait": round(max(0.0, min(left, 30.0)), 3)}
+    client = _client(hub, read_timeout=40.0)
+    while True:
+        left = deadline - time.monotonic()
+        view = client.get(
+            f"/v1/tasks/{task_id}", params={"wait": round(max(0.0, min(left, 30.0)), 3)}
+        )
+        if view["status"] in ("success", "failed", "dead", "cancelled"):
+            return _outcome(view)
+        if time.monotonic() >= deadline:
+            raise ResultTimeout(
+                f"task {task_id} is still {view['status']} after {timeout:g}s",
+                task_id=task_id,
+                status=view["status"],
             )
-            if view["status"] in ("success", "failed", "dead", "cancelled"):
-                return _outcome(view)
-            if time.monotonic() >= deadline:
-                raise ResultTimeout(
-                    f"task {task_id} is still {view['status']} after {timeout:g}s",
-                    task_id=task_id,
-                    status=view["status"],
-                )
-    finally:
-        client.close()
 
 
 def _outcome(view: dict[str, Any]) -> TaskResult:
@@ -138,14 +133,10 @@ def report_result(
     hub: str | None = None,
 ) -> bool:
     """Report the result of a task answered with 202; True if this report decided it."""
-    client = HubClient(hub)
-    try:
-        body = {"code": code, "data": data, "message": message, "attempt_seq": attempt_seq}
-        answer = client.post(
-            f"/v1/tasks/{task_id}/result", {k: v for k, v in body.items() if v is not None}
-        )
-    finally:
-        client.close()
+    body = {"code": code, "data": data, "message": message, "attempt_seq": attempt_seq}
+    answer = _client(hub).post(
+        f"/v1/tasks/{task_id}/result", {k: v for k, v in body.items() if v is not None}
+    )
     return bool(answer.get("decided"))
 
 
@@ -157,14 +148,10 @@ def report_progress(
     *,
     hub: str | None = None,
 ) -> None:
-    client = HubClient(hub)
-    try:
-        body = {"progress": progress, "message": message, "data": data}
-        client.post(
-            f"/v1/tasks/{task_id}/progress", {k: v for k, v in body.items() if v is not None}
-        )
-    finally:
-        client.close()
+    body = {"progress": progress, "message": message, "data": data}
+    _client(hub).post(
+        f"/v1/tasks/{task_id}/progress", {k: v for k, v in body.items() if v is not None}
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,15 +193,12 @@ def broadcast(
         "min_results": min_results,
         "timeout_ms": max(1, int(timeout * 1000)),
     }
-    client = HubClient(hub, read_timeout=timeout + 15)
-    try:
-        view = client.post("/v1/broadcasts", {k: v for k, v in body.items() if v is not None})
-        deadline = time.monotonic() + timeout
-        while not view["complete"] and time.monotonic() < deadline:
-            wait = round(max(0.0, min(deadline - time.monotonic(), 30.0)), 3)
-            view = client.get(f"/v1/broadcasts/{view['broadcast_id']}", params={"wait": wait})
-    finally:
-        client.close()
+    client = _client(hub, read_timeout=timeout + 15)
+    view = client.post("/v1/broadcasts", {k: v for k, v in body.items() if v is not None})
+    deadline = time.monotonic() + timeout
+    while not view["complete"] and time.monotonic() < deadline:
+        wait = round(max(0.0, min(deadline - time.monotonic(), 30.0)), 3)
+        view = client.get(f"/v1/broadcasts/{view['broadcast_id']}", params={"wait": wait})
     return BroadcastResult(
         view["broadcast_id"], view["complete"], view["reason"], view["succeeded"], view["results"]
     )

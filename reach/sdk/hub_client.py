@@ -2,14 +2,21 @@
 
 The edge where foreign exceptions stop: ``requests`` failures become ``HubUnavailable``
 and problem documents become the typed ``ReachError`` the hub raised.
+
+The caller's functions (``send``, ``wait_for_result`` ...) share one pooled session per
+process and hub (`shared_session`): a TCP (and TLS) handshake per call would cost more
+than most calls. An ``Agent`` keeps a session of its own for heartbeats, so business
+traffic can never hold up the signal that the process is alive.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 import requests
+from requests.adapters import HTTPAdapter
 
 from reach.errors import HubUnavailable, error_for_problem
 
@@ -25,20 +32,76 @@ def default_hub_url() -> str:
     )
 
 
+# Connections kept per hub: as many as threads of one process usually call it at once.
+POOL_SIZE = 32
+
+
+class _Pools:
+    """One ``requests.Session`` per hub URL, for this process only.
+
+    A forked child must not use its parent's sockets (two processes reading one
+    connection get each other's answers), so the sessions belong to the pid that made
+    them and a child starts afresh; ``register_at_fork`` also gives the child a fresh
+    lock, in case another thread of the parent held this one at the fork.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pid = os.getpid()
+        self.sessions: dict[str, requests.Session] = {}
+
+    def get(self, base_url: str) -> requests.Session:
+        with self.lock:
+            if self.pid != os.getpid():
+                self._forget()
+            session = self.sessions.get(base_url)
+            if session is None:
+                session = requests.Session()
+                adapter = HTTPAdapter(pool_connections=1, pool_maxsize=POOL_SIZE)
+                session.mount("http://", adapter)
+                session.mount("https://", adapter)
+                self.sessions[base_url] = session
+            return session
+
+    def after_fork(self) -> None:
+        self.lock = threading.Lock()
+        self._forget()
+
+    def _forget(self) -> None:
+        # Dropped, never used again: those connections are the parent's to read and close.
+        self.sessions = {}
+        self.pid = os.getpid()
+
+
+_pools = _Pools()
+os.register_at_fork(after_in_child=_pools.after_fork)
+
+
+def shared_session(hub: str) -> requests.Session:
+    """This process's pooled session for ``hub`` (thread-safe; a forked child gets its own)."""
+    return _pools.get(hub.rstrip("/"))
+
+
 class HubClient:
+    """Calls to one hub. ``shared=True`` uses the process's pooled session for that hub
+    (`shared_session`); otherwise the client owns a session, closed by `close`."""
+
     def __init__(
         self,
         hub: str | None = None,
         *,
         connect_timeout: float = 3.0,
         read_timeout: float = 10.0,
+        shared: bool = False,
     ) -> None:
         self.base_url = (hub or default_hub_url()).rstrip("/")
         self.timeout = (connect_timeout, read_timeout)
-        self._http = requests.Session()
+        self.shared = shared
+        self._http = shared_session(self.base_url) if shared else requests.Session()
 
     def close(self) -> None:
-        self._http.close()
+        if not self.shared:  # the pooled session outlives its clients
+            self._http.close()
 
     def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return self._request("POST", path, json=body)

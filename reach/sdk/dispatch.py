@@ -1,0 +1,96 @@
+"""What an agent's HTTP surface answers, whichever server carries it.
+
+The built-in server (``Agent.serve``) and the ASGI app (``Agent.asgi_app``) both route
+through `dispatch`, so ``GET /healthz``, ``POST /tasks/{method}``, the body limit and the
+404/400/413/429 answers cannot drift apart. Routing needs only the request line and the
+declared length; the body is read by the server (blocking or async, its business) and
+handed to `TaskCall.run`, which runs the handler and blocks until it is done.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from reach.sdk.agent import Agent
+
+MAX_REQUEST_BYTES = 1_048_576
+_TASKS = "/tasks/"
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    status: int
+    body: dict[str, Any]
+
+    def encode(self) -> bytes:
+        return json.dumps(self.body, default=str).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class TaskCall:
+    """A delivery routed to ``method``; its body is still to be read."""
+
+    agent: Agent
+    method: str
+
+    def run(self, raw: bytes) -> Reply:
+        """Parse the body and run the delivery (blocking: call it off any event loop)."""
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError:
+            return _refused(400, "body is not JSON")
+        if not isinstance(body, dict):
+            return _refused(400, "body must be a JSON object")
+        return Reply(*self.agent.invoke(self.method, body))
+
+
+TOO_LARGE = Reply(413, {"code": 413, "message": "request body too large"})
+NOT_FOUND = Reply(404, {"code": 404, "message": "not found"})
+
+
+def dispatch(
+    agent: Agent, verb: str, path: str, content_length: str | None, root: str = ""
+) -> Reply | TaskCall:
+    """Route one request: an answer at once, or a `TaskCall` waiting for the body.
+
+    ``path`` is the decoded path without the query; ``root`` is the prefix the agent is
+    served under (the ASGI ``root_path`` of a mount, or the path of the agent's ``addr``),
+    stripped when present so the hub's ``{endpoint}/tasks/{method}`` lands here.
+    """
+    route = _below(path, root)
+    if verb == "GET" and route == "/healthz":
+        return Reply(
+            200,
+            {
+                "status": "ok",
+                "agent_id": agent.agent_id,
+                "instance_id": agent.instance_id,
+                "in_flight": agent.in_flight,
+            },
+        )
+    if verb != "POST" or not route.startswith(_TASKS):
+        return NOT_FOUND
+    try:
+        length = int(content_length or 0)
+    except ValueError:
+        return _refused(400, "Content-Length is not a number")
+    if length < 0:
+        return _refused(400, "Content-Length is negative")
+    if length > MAX_REQUEST_BYTES:
+        return TOO_LARGE
+    return TaskCall(agent, route[len(_TASKS) :])
+
+
+def _below(path: str, root: str) -> str:
+    """``path`` relative to ``root`` when it lies under it (as Starlette's mounts read it)."""
+    root = root.rstrip("/")
+    if root and (path == root or path.startswith(root + "/")):
+        return path[len(root) :] or "/"
+    return path
+
+
+def _refused(status: int, message: str) -> Reply:
+    return Reply(status, {"code": status, "message": message})
