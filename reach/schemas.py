@@ -103,14 +103,21 @@ class RegisterResponse(WireModel):
     created: bool
 
 
+DB_INT_MAX = 2**31 - 1
+"""The largest value an ``Integer`` column holds on PostgreSQL: ids and counts the hub
+stores or looks up are bounded by it, so out-of-range input is a 422, not a 500."""
+Count = Annotated[int, Field(ge=0, le=DB_INT_MAX)]
+BusinessCode = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+
+
 class HeartbeatRequest(WireModel):
     agent_id: AgentId
     instance_id: InstanceId
     current_load: float = Field(0.0, ge=0)
-    in_flight: int = Field(0, ge=0)
+    in_flight: Count = 0
     max_concurrency: int | None = Field(None, ge=1, le=100_000)
     last_task_duration_ms: float | None = Field(None, ge=0)
-    consecutive_failure_count: int = Field(0, ge=0)
+    consecutive_failure_count: Count = 0
     sent_at: float | None = Field(None, description="agent clock; recorded, never trusted")
 
 
@@ -165,10 +172,10 @@ class SubmitRequest(WireModel):
 class ResultReport(WireModel):
     """``POST /v1/tasks/{id}/result``: the agent's late answer after a 202."""
 
-    code: int = 0
+    code: BusinessCode = 0
     data: Any = None
     message: str = Field("", max_length=10_000)
-    attempt_seq: int | None = Field(None, ge=0)
+    attempt_seq: Count | None = None
     instance_id: InstanceId | None = None
 
 
@@ -176,7 +183,7 @@ class ProgressReport(WireModel):
     progress: float | None = Field(None, ge=0, le=1)
     message: str = Field("", max_length=10_000)
     data: Any = None
-    attempt_seq: int | None = Field(None, ge=0)
+    attempt_seq: Count | None = None
 
 
 class BroadcastRequest(WireModel):
@@ -189,7 +196,9 @@ class BroadcastRequest(WireModel):
     )
     method: Method
     payload: dict[str, Any] = Field(default_factory=dict)
-    min_results: int | None = Field(None, ge=1, description="complete early with this many")
+    min_results: int | None = Field(
+        None, ge=1, le=DB_INT_MAX, description="complete early with this many"
+    )
     timeout_ms: int = Field(30_000, ge=1, le=3_600_000)
     max_retry: int = Field(0, ge=0, le=10, description="per target; a broadcast never waits long")
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
 from fastapi.responses import JSONResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from reach.core.statuses import TERMINAL, TaskStatus
 from reach.errors import UnknownTask
 from reach.hub import deadletters, delivery, submission
 from reach.hub.api.longpoll import long_poll
@@ -18,7 +19,9 @@ from reach.hub.context import HubContext
 from reach.hub.delivery import Publish
 from reach.hub.storage.models import TaskEventRow, TaskRow
 from reach.hub.wakeups import Waiters
-from reach.schemas import ProgressReport, ResultReport, SubmitRequest
+from reach.schemas import DB_INT_MAX, ProgressReport, ResultReport, SubmitRequest
+
+DeadLetterId = Annotated[int, Path(ge=1, le=DB_INT_MAX)]
 
 MAX_WAIT_S = 60.0
 
@@ -86,7 +89,7 @@ def task_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
     @router.post("/{task_id}/result", responses={404: {}})
     def report_result(task_id: str, body: ResultReport) -> dict[str, Any]:
         def work(session: Session) -> dict[str, Any]:
-            decided = delivery.report_result(
+            decided = delivery.record_report(
                 session,
                 task_id,
                 body.code,
@@ -111,7 +114,7 @@ def task_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
 
     @router.get("/{task_id}/events", responses={404: {}})
     def task_events(task_id: str) -> dict[str, Any]:
-        with ctx.transaction() as session:
+        with ctx.reading() as session:
             if session.scalar(select(TaskRow.id).where(TaskRow.task_id == task_id)) is None:
                 raise UnknownTask(f"task {task_id!r} does not exist", task_id=task_id)
             rows = session.scalars(
@@ -144,35 +147,35 @@ def dead_letter_router(ctx: HubContext) -> APIRouter:
     def list_dead(
         include_replayed: bool = False, limit: Annotated[int, Query(ge=1, le=1000)] = 100
     ) -> dict[str, Any]:
-        with ctx.transaction() as session:
+        with ctx.reading() as session:
             rows = deadletters.list_dead(session, include_replayed, limit)
             return {"dead_letters": [deadletters.view(r) for r in rows]}
 
     @router.get("/{dead_id}", responses={404: {}})
-    def show(dead_id: int) -> dict[str, Any]:
-        with ctx.transaction() as session:
+    def show(dead_id: DeadLetterId) -> dict[str, Any]:
+        with ctx.reading() as session:
             return deadletters.view(deadletters.get(session, dead_id))
 
     @router.post("/{dead_id}/replay", responses={404: {}, 409: {}})
-    def replay(dead_id: int) -> dict[str, Any]:
+    def replay(dead_id: DeadLetterId) -> dict[str, Any]:
         item = ctx.write(lambda s: deadletters.replay(s, dead_id, ctx.clock.now()))
         ctx.publish_attempts([item])
         return {
             "dead_letter_id": dead_id,
             "task_id": item.task_id,
             "attempt_seq": item.attempt_seq,
-            "status": "pending",
+            "status": TaskStatus.PENDING,
         }
 
     return router
 
 
 def _terminal(view: dict[str, Any]) -> bool:
-    return view["status"] in submission.TERMINAL
+    return view["status"] in TERMINAL
 
 
 def _read(ctx: HubContext, task_id: str) -> dict[str, Any]:
-    with ctx.transaction() as session:
+    with ctx.reading() as session:
         row = session.scalar(select(TaskRow).where(TaskRow.task_id == task_id))
         if row is None:
             raise UnknownTask(f"task {task_id!r} does not exist", task_id=task_id)
