@@ -37,9 +37,8 @@ def test_sdk_agent_registers_heartbeats_and_deregisters(
     hub_api: str, store_url: str, tmp_path: Path
 ) -> None:
     port = free_port()
-    agent = start_agent(
-        REPO / "examples" / "agents" / "doc_analyzer.py", hub_api, port, "--heartbeat-interval", "0.3"
-    )
+    script = REPO / "examples" / "agents" / "doc_analyzer.py"
+    agent = start_agent(script, hub_api, port, "--heartbeat-interval", "0.3")
     try:
         live = wait_until(
             lambda: [i for i in instances(hub_api, "doc-analyzer-01") if i["heartbeat_count"] >= 2],

@@ -88,7 +88,9 @@ def keep_alive_ok(conn: socket.socket) -> None:
 def trickle(conn: socket.socket) -> None:
     """Headers at once, then one body byte every 0.2 s: each read is quick, the answer never."""
     _read_request(conn)
-    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n")
+    conn.sendall(
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+    )
     for _ in range(100):
         conn.sendall(b" ")
         time.sleep(0.2)
@@ -99,9 +101,7 @@ def huge(declared: bool) -> Serve:
         _read_request(conn)
         body = b'{"code": 0, "data": "' + b"x" * 3_000_000 + b'"}'
         if declared:
-            conn.sendall(
-                b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body[:1000]
-            )
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body[:1000])
             time.sleep(1)
             return
         conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
