@@ -6,12 +6,14 @@ import logging
 
 from celery import shared_task
 
-from reach.hub import monitoring
+from reach.hub import monitoring, retention
+from reach.worker.sweeps import skip_when_unavailable
 
 log = logging.getLogger("reach.tasks.maintenance")
 
 
 @shared_task(name="reach.reachability_sweep", ignore_result=True)
+@skip_when_unavailable
 def reachability_sweep() -> list[str]:
     """Reassess every instance (heartbeats may have stopped); persist transitions."""
     from reach.worker.app import runtime
@@ -22,3 +24,12 @@ def reachability_sweep() -> list[str]:
     if changed:
         log.info("status changed on sweep: %s", ", ".join(changed))
     return changed
+
+
+@shared_task(name="reach.retention_sweep", ignore_result=True)
+def retention_sweep() -> dict[str, int]:
+    """Delete finished records past ``retention.days`` and long-offline instances."""
+    from reach.worker.app import runtime
+
+    ctx = runtime()
+    return retention.sweep(ctx.transaction, ctx.clock.now(), retention.policy_from(ctx.settings))

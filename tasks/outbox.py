@@ -8,12 +8,14 @@ from celery import shared_task
 
 from reach.hub import outbox
 from reach.worker.process_random import process_random
+from reach.worker.sweeps import skip_when_unavailable
 
 log = logging.getLogger("reach.tasks.outbox")
 _rng = process_random()  # reseeded in each prefork child
 
 
 @shared_task(name="reach.outbox_relay", ignore_result=True)
+@skip_when_unavailable
 def outbox_relay() -> dict[str, int]:
     from reach.worker.app import runtime
 
@@ -24,8 +26,13 @@ def outbox_relay() -> dict[str, int]:
         recovery = outbox.recover(
             session, now, ctx.delivery_policy, _rng, backlog=ctx.publisher.backlog()
         )
-    items = left_behind + recovery.publish
-    ctx.publish_attempts(items)
+    # one publication per attempt, even when two nets found the same one
+    items = list({(p.task_id, p.attempt_seq): p for p in left_behind + recovery.publish}.values())
+    published, refused = outbox.publish_each(items, ctx.publisher.publish)
+    with ctx.transaction() as session:  # if this fails, unsettled claims lapse and recur
+        outbox.settle(session, published, refused, ctx.clock.now())
+    if refused:
+        log.warning("broker refused %d attempts; left to the relay's next tick", len(refused))
     if items:
         log.warning(
             "relay published %d left-behind attempts; recovered %d overdue, %d lost "
@@ -35,4 +42,4 @@ def outbox_relay() -> dict[str, int]:
             recovery.redelivered,
             recovery.watchdog,
         )
-    return {"published": len(items), "watchdog": recovery.watchdog}
+    return {"published": len(published), "refused": len(refused), "watchdog": recovery.watchdog}

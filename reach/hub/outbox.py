@@ -2,6 +2,11 @@
 
 * ``unpublished`` — outbox rows whose publication never happened (the API or a worker
   died between commit and publish, or the broker was down): the relay publishes them.
+  Claiming a row marks it (``published_at``) so a concurrent relay leaves it alone; the
+  mark is a claim until ``settle`` confirms it: a refused publish takes it back (the row
+  is the relay's again on its next tick), and a claim that is never confirmed -- the
+  relay died between claim and publish -- lapses after ``claim_lease`` and is claimed
+  again. Neither depends on the overdue net, which is off behind a backlog.
 * ``recover`` — tasks the broker lost or a worker dropped: a pending attempt long overdue
   (its message vanished, e.g. in a Redis restart), a dispatch lease that expired (the
   worker was killed mid-delivery), and the watchdog: an accepted (202) task silent past
@@ -14,6 +19,7 @@ Publishing twice is harmless: delivery fences on ``attempt_seq`` and the dispatc
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import select
@@ -25,8 +31,10 @@ from reach.hub.delivery import (
     Publish,
     dead_letter,
     fail_transient,
+    mark_published,
     record_event,
     schedule_retry,
+    unmark_published,
 )
 from reach.hub.storage.engine import skip_locked as _skip_locked
 from reach.hub.storage.models import OutboxRow, TaskRow
@@ -40,8 +48,11 @@ class Recovery:
     watchdog: int
 
 
-def unpublished(session: Session, now: float, grace: float, limit: int = 500) -> list[Publish]:
-    """Claim outbox rows due and left unpublished for ``grace`` seconds; mark them published."""
+def unpublished(
+    session: Session, now: float, grace: float, limit: int = 500, claim_lease: float = 60.0
+) -> list[Publish]:
+    """Claim the attempts the relay must publish: rows left unpublished for ``grace``
+    seconds, then claims older than ``claim_lease`` that no relay confirmed."""
     rows = session.scalars(
         _skip_locked(
             session,
@@ -55,11 +66,60 @@ def unpublished(session: Session, now: float, grace: float, limit: int = 500) ->
             ),
         )
     ).all()
+    lapsed = (
+        _lapsed_claims(session, now - claim_lease, limit - len(rows)) if len(rows) < limit else []
+    )
     out = []
-    for row in rows:
-        row.published_at = now
+    for row in [*rows, *lapsed]:
+        row.published_at = now  # a claim; ``settle`` confirms it or takes it back
         out.append(Publish(row.task_id, row.attempt_seq, 0.0))
     return out
+
+
+def _lapsed_claims(session: Session, claimed_before: float, limit: int) -> Sequence[OutboxRow]:
+    """Rows a relay claimed and never settled, of attempts that are still waiting.
+
+    Confirming sets the task's ``last_published_at`` to at least the claim's time (so do
+    the submit's optimistic mark and the overdue net); a pending task at this attempt
+    whose last publication predates the claim was never published.
+    """
+    query = (
+        select(OutboxRow)
+        .join(TaskRow, TaskRow.task_id == OutboxRow.task_id)
+        .where(TaskRow.status == TaskStatus.PENDING)
+        .where(TaskRow.attempt_seq == OutboxRow.attempt_seq)
+        .where(OutboxRow.published_at <= claimed_before)
+        .where(
+            TaskRow.last_published_at.is_(None)
+            | (TaskRow.last_published_at < OutboxRow.published_at)
+        )
+        .order_by(OutboxRow.id)
+        .limit(limit)
+    )
+    if session.get_bind().dialect.name == "postgresql":
+        query = query.with_for_update(of=OutboxRow, skip_locked=True)
+    return session.scalars(query).all()
+
+
+def publish_each(
+    items: Sequence[Publish], publish: Callable[[Publish], bool]
+) -> tuple[list[Publish], list[Publish]]:
+    """Publish in order; (published, refused). After the first refusal the broker is
+    presumed down: the rest are refused without trying (each try costs its retries)."""
+    for i, item in enumerate(items):
+        if not publish(item):
+            return list(items[:i]), list(items[i:])
+    return list(items), []
+
+
+def settle(
+    session: Session, published: Sequence[Publish], refused: Sequence[Publish], now: float
+) -> None:
+    """Confirm what the broker took; hand what it refused back to the relay (unmarked)."""
+    for item in published:
+        mark_published(session, item.task_id, item.attempt_seq, now)
+    for item in refused:
+        unmark_published(session, item.task_id, item.attempt_seq)
 
 
 def recover(

@@ -44,3 +44,28 @@ def test_breaker_columns_come_and_go_with_0006(engine: Engine, store_url: str) -
     upgrade_database(store_url)
     assert breaker <= {c["name"] for c in inspect(engine).get_columns("instances")}
     assert database_revision_problem(store_url) is None
+
+
+def test_retention_indexes_come_and_go_with_0007(engine: Engine, store_url: str) -> None:
+    wanted = {
+        "tasks": "ix_tasks_finished_at",
+        "outbox": "ix_outbox_task_id",
+        "instance_events": "ix_instance_events_at",
+        "dead_letters": "ix_dead_letters_replayed_at",
+        "dag_runs": "ix_dag_runs_finished_at",
+        "broadcasts": "ix_broadcasts_deadline",
+        "instances": "ix_instances_status_changed",
+    }
+
+    def present() -> set[str]:
+        insp = inspect(engine)
+        return {
+            ix["name"] for table in wanted for ix in insp.get_indexes(table) if ix["name"]
+        } & set(wanted.values())
+
+    assert present() == set(wanted.values())
+    downgrade_database(store_url, "0006")
+    assert present() == set()
+    upgrade_database(store_url)
+    assert present() == set(wanted.values())
+    assert database_revision_problem(store_url) is None

@@ -19,6 +19,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
     true,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -40,11 +41,51 @@ class AgentRow(Base):
     updated_at: Mapped[float] = mapped_column(Double)
 
 
+class AgentTagRow(Base):
+    """One tag an agent declared: the index that finds agents by tag without a fleet scan
+    (``agents.tags`` keeps the declaration; this is written beside it at registration)."""
+
+    __tablename__ = "agent_tags"
+    __table_args__ = (Index("ix_agent_tags_tag", "tag", "agent_id"),)
+
+    agent_id: Mapped[str] = mapped_column(
+        String(128), ForeignKey("agents.agent_id", ondelete="CASCADE"), primary_key=True
+    )
+    tag: Mapped[str] = mapped_column(String(64), primary_key=True)
+
+
+class AgentCapabilityRow(Base):
+    """One capability type an agent declared, indexed like ``agent_tags``."""
+
+    __tablename__ = "agent_capabilities"
+    __table_args__ = (Index("ix_agent_capabilities_capability", "capability", "agent_id"),)
+
+    agent_id: Mapped[str] = mapped_column(
+        String(128), ForeignKey("agents.agent_id", ondelete="CASCADE"), primary_key=True
+    )
+    capability: Mapped[str] = mapped_column(String(128), primary_key=True)
+
+
+# Deregistered instances stay for the audit trail; the probe claim must not walk them.
+PROBED = "status <> 'deregistered'"
+
+
 class InstanceRow(Base):
     __tablename__ = "instances"
     __table_args__ = (
         Index("ix_instances_agent_status", "agent_id", "status"),
-        Index("ix_instances_next_probe_at", "next_probe_at"),
+        # the probe claim's due scan: only instances that are probed at all (partial)
+        Index(
+            "ix_instances_probe_due",
+            "next_probe_at",
+            sqlite_where=text(PROBED),
+            postgresql_where=text(PROBED),
+        ),
+        Index("ix_instances_probe_lease", "probe_lease_until"),
+        # registration's one-live-instance-per-address check
+        Index("ix_instances_endpoint", "endpoint"),
+        Index("ix_instances_public_endpoint", "public_endpoint"),
+        Index("ix_instances_status_changed", "status", "status_changed_at"),  # retention
     )
 
     instance_id: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -94,7 +135,10 @@ class InstanceEventRow(Base):
     """What happened to an instance: status transitions, alerts and breaker transitions."""
 
     __tablename__ = "instance_events"
-    __table_args__ = (Index("ix_instance_events_instance_at", "instance_id", "at"),)
+    __table_args__ = (
+        Index("ix_instance_events_instance_at", "instance_id", "at"),
+        Index("ix_instance_events_at", "at"),  # retention
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     instance_id: Mapped[str] = mapped_column(String(64))
@@ -135,7 +179,7 @@ class TaskRow(Base):
     lease_token: Mapped[str | None] = mapped_column(String(32), nullable=True)
     last_published_at: Mapped[float | None] = mapped_column(Double, nullable=True)
     accepted_at: Mapped[float | None] = mapped_column(Double, nullable=True)
-    finished_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Double, nullable=True, index=True)
     callback_url: Mapped[str | None] = mapped_column(String(512), nullable=True)
     max_retry: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
@@ -163,7 +207,7 @@ class OutboxRow(Base):
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    task_id: Mapped[str] = mapped_column(String(128))
+    task_id: Mapped[str] = mapped_column(String(128), index=True)
     agent_id: Mapped[str] = mapped_column(String(128))
     attempt_seq: Mapped[int] = mapped_column(Integer)
     message: Mapped[dict[str, Any]] = mapped_column(JSON)
@@ -184,7 +228,7 @@ class DeadLetterRow(Base):
     last_error: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     reason: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[float] = mapped_column(Double)
-    replayed_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    replayed_at: Mapped[float | None] = mapped_column(Double, nullable=True, index=True)
     target: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict, server_default="{}")
 
 
@@ -201,7 +245,7 @@ class DagRunRow(Base):
     retries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     created_at: Mapped[float] = mapped_column(Double)
     updated_at: Mapped[float] = mapped_column(Double)
-    finished_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Double, nullable=True, index=True)
 
 
 class DagNodeRunRow(Base):
@@ -231,4 +275,15 @@ class BroadcastRow(Base):
     targets: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
     min_results: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[float] = mapped_column(Double)
-    deadline: Mapped[float] = mapped_column(Double)
+    deadline: Mapped[float] = mapped_column(Double, index=True)
+
+
+class LeaseRow(Base):
+    """A named single-holder lease (``reach.core.lease``): e.g. the one active beat."""
+
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    expires_at: Mapped[float] = mapped_column(Double)
+    acquired_at: Mapped[float] = mapped_column(Double)

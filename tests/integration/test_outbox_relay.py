@@ -1,0 +1,151 @@
+"""The relay never strands an attempt: a refused publish hands the row back, an unsettled
+claim lapses and is claimed again, neither waiting for the overdue net (which is off behind
+a backlog). Real stores, a real Celery publisher and a private redis-server that is down,
+then up."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from reach.hub import outbox, registry, submission
+from reach.hub.clock import ManualClock
+from reach.hub.context import HubContext
+from reach.hub.settings import Settings
+from reach.hub.storage.models import OutboxRow, TaskRow
+from reach.schemas import RegisterRequest, SubmitRequest
+from reach.worker.publisher import DELIVERY_QUEUE
+from tests.conftest import free_port
+from tests.support.private_redis import PrivateRedis
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[PrivateRedis]:
+    server = PrivateRedis(tmp_path, free_port())  # not started: the broker is down
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def hub(
+    store_url: str, broker: PrivateRedis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[HubContext]:
+    import reach.worker.app
+
+    settings = Settings.model_validate(
+        {"storage": {"database_url": store_url, "broker_url": broker.url, "home": str(tmp_path)}}
+    )
+    ctx = HubContext.from_settings(settings, clock=ManualClock())
+    monkeypatch.setattr(reach.worker.app, "runtime", lambda: ctx)  # what the shell runs on
+    yield ctx
+    ctx.engine.dispose()
+
+
+def relay() -> dict[str, int]:
+    from tasks.outbox import outbox_relay
+
+    result: dict[str, int] = outbox_relay()
+    return result
+
+
+def submit(ctx: HubContext, *, premarked: bool) -> str:
+    now = ctx.clock.now()
+
+    def work(session: Any) -> str:
+        registry.register(
+            session,
+            RegisterRequest(agent_id="a", addr="127.0.0.1:9", allow_loopback=True),
+            now,
+            ctx.policy,
+        )
+        view, _ = submission.submit(
+            session,
+            SubmitRequest(agent_id="a", method="m"),
+            now,
+            published_at=now if premarked else None,
+        )
+        return str(view["task_id"])
+
+    return ctx.write(work)
+
+
+def marks(ctx: HubContext, task_id: str) -> tuple[float | None, float | None]:
+    with ctx.sessions() as s:
+        out = s.scalar(select(OutboxRow.published_at).where(OutboxRow.task_id == task_id))
+        last = s.scalar(select(TaskRow.last_published_at).where(TaskRow.task_id == task_id))
+    return out, last
+
+
+def queued(broker: PrivateRedis) -> list[str]:
+    """Task ids of the delivery messages waiting on the broker."""
+    import json
+
+    with broker.client() as c:
+        bodies = [json.loads(m) for m in c.lrange(DELIVERY_QUEUE, 0, -1)]
+    return [b["headers"]["argsrepr"] for b in bodies if "headers" in b]
+
+
+def clog(broker: PrivateRedis, depth: int = 50) -> None:
+    """A backlog in the delivery queue: the overdue net stands down behind it."""
+    with broker.client() as c:
+        c.rpush(DELIVERY_QUEUE, *[b"{}"] * depth)
+
+
+def test_refused_publish_is_handed_back_and_published_once_the_broker_is_up(
+    hub: HubContext, broker: PrivateRedis
+) -> None:
+    task_id = submit(hub, premarked=False)  # the API died before publishing
+    hub.clock.advance(3)  # past the relay's grace
+    result = relay()
+    assert marks(hub, task_id) == (None, None)  # not marked published: still the relay's
+    assert result.get("refused") == 1
+    broker.start()
+    clog(broker)  # the relay does not wait for the queue to drain
+    hub.clock.advance(1)
+    assert relay()["published"] == 1
+    assert queued(broker) == [repr([task_id, 1])]
+    out, last = marks(hub, task_id)
+    assert out is not None and last is not None
+    hub.clock.advance(120)
+    assert relay()["published"] == 0  # published once: not again
+    assert len(queued(broker)) == 1
+
+
+def test_refused_republish_of_an_overdue_attempt_is_handed_to_the_relay(
+    hub: HubContext, broker: PrivateRedis
+) -> None:
+    task_id = submit(hub, premarked=True)  # marked at commit; its message was then lost
+    hub.clock.advance(hub.delivery_policy.republish_grace + 1)
+    result = relay()  # the overdue net takes it, the broker refuses
+    assert marks(hub, task_id) == (None, None)
+    assert (result["published"], result.get("refused")) == (0, 1)
+    broker.start()
+    clog(broker)  # behind a backlog the overdue net is off: the relay alone must take it
+    hub.clock.advance(1)
+    assert relay()["published"] == 1
+    assert queued(broker) == [repr([task_id, 1])]
+
+
+def test_a_claim_never_settled_lapses_and_is_claimed_again(
+    hub: HubContext, broker: PrivateRedis
+) -> None:
+    broker.start()
+    clog(broker)
+    task_id = submit(hub, premarked=False)
+    hub.clock.advance(3)
+    with hub.transaction() as s:  # a relay claims the row, then dies before publishing
+        claimed = outbox.unpublished(s, hub.clock.now(), grace=2.0)
+    assert [p.task_id for p in claimed] == [task_id]
+    hub.clock.advance(30)
+    assert relay()["published"] == 0  # within the claim's lease: maybe still publishing
+    hub.clock.advance(31)
+    assert relay()["published"] == 1
+    assert queued(broker) == [repr([task_id, 1])]
+    hub.clock.advance(120)
+    assert relay()["published"] == 0  # settled: never again

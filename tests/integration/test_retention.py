@@ -1,0 +1,271 @@
+"""Retention on both stores: exactly the old finished records go, in batches, and nothing a
+live task, an unresolved dead letter or a running DAG still needs; long-offline instances
+are removed and no longer probed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from reach.core.retention import RetentionPolicy
+from reach.core.statuses import InstanceStatus, TaskStatus
+from reach.hub import monitoring, registry, retention
+from reach.hub.clock import ManualClock
+from reach.hub.context import HubContext
+from reach.hub.monitoring import Policy
+from reach.hub.settings import Settings, load_settings
+from reach.hub.storage import session_factory
+from reach.hub.storage.models import (
+    BroadcastRow,
+    DagNodeRunRow,
+    DagRunRow,
+    DeadLetterRow,
+    InstanceEventRow,
+    InstanceRow,
+    OutboxRow,
+    TaskEventRow,
+    TaskRow,
+)
+from reach.schemas import RegisterRequest
+
+pytestmark = pytest.mark.timeout(60)
+
+NOW = 1_700_000_000.0
+DAY = 86_400.0
+OLD = NOW - 31 * DAY  # past the default 30 days
+NEW = NOW - 29 * DAY
+
+
+@pytest.fixture
+def sessions(engine: Engine) -> sessionmaker[Session]:
+    return session_factory(engine)
+
+
+def add_task(s: Session, task_id: str, status: TaskStatus, at: float, *, finished: bool) -> None:
+    """A task with one event and one outbox row, as delivery leaves them."""
+    s.add(
+        TaskRow(
+            task_id=task_id,
+            agent_id="a",
+            target={"agent_id": "a"},
+            method="m",
+            payload={},
+            status=status.value,
+            attempt_seq=1,
+            created_at=at,
+            updated_at=at,
+            finished_at=at if finished else None,
+        )
+    )
+    s.add(TaskEventRow(task_id=task_id, agent_id="a", attempt_seq=1, kind="x", detail={}, at=at))
+    s.add(
+        OutboxRow(
+            task_id=task_id,
+            agent_id="a",
+            attempt_seq=1,
+            message={},
+            created_at=at,
+            available_at=at,
+            published_at=at,
+        )
+    )
+
+
+def add_dead_letter(s: Session, task_id: str, at: float, replayed_at: float | None) -> None:
+    s.add(
+        DeadLetterRow(
+            task_id=task_id,
+            agent_id="a",
+            method="m",
+            payload={},
+            attempts=5,
+            last_error={},
+            reason="r",
+            created_at=at,
+            replayed_at=replayed_at,
+        )
+    )
+
+
+def add_run(s: Session, run_id: str, status: str, at: float, finished: bool) -> None:
+    s.add(
+        DagRunRow(
+            run_id=run_id,
+            name="d",
+            spec={},
+            input={},
+            status=status,
+            reason="",
+            created_at=at,
+            updated_at=at,
+            finished_at=at if finished else None,
+        )
+    )
+    for node in ("n1", "n2"):
+        s.add(DagNodeRunRow(run_id=run_id, node_id=node, status="success", reason=""))
+
+
+def seed(sessions: sessionmaker[Session]) -> None:
+    with sessions.begin() as s:
+        # old and finished: go with their events, outbox rows and resolved dead letters
+        for status in (TaskStatus.SUCCESS, TaskStatus.FAILED, TaskStatus.CANCELLED):
+            add_task(s, f"old-{status.value}", status, OLD, finished=True)
+        add_task(s, "old-dead-replayed", TaskStatus.FAILED, OLD, finished=True)
+        add_dead_letter(s, "old-dead-replayed", OLD - DAY, replayed_at=OLD - 1)
+        # kept: an unresolved dead letter (replayable), live tasks, recent tasks
+        add_task(s, "old-dead-unresolved", TaskStatus.DEAD, OLD, finished=True)
+        add_dead_letter(s, "old-dead-unresolved", OLD, replayed_at=None)
+        for status in (TaskStatus.PENDING, TaskStatus.EXECUTING, TaskStatus.AWAITING_APPROVAL):
+            add_task(s, f"old-live-{status.value}", status, OLD, finished=False)
+        add_task(s, "new-success", TaskStatus.SUCCESS, NEW, finished=True)
+        # dead letters alone: replayed long ago (task gone: goes; task live again: kept)
+        add_dead_letter(s, "gone-task", OLD, replayed_at=OLD)
+        add_dead_letter(s, "old-live-pending", OLD, replayed_at=OLD)
+        add_dead_letter(s, "gone-unresolved", OLD, replayed_at=None)
+        # DAG runs: finished long ago go (with their nodes), running ones stay
+        add_run(s, "run-old-success", "success", OLD, finished=True)
+        add_run(s, "run-old-failed", "failed", OLD, finished=True)
+        add_run(s, "run-old-running", "running", OLD, finished=False)
+        add_run(s, "run-new-success", "success", NEW, finished=True)
+        for bid, at in (("b-old", OLD), ("b-new", NEW)):
+            s.add(
+                BroadcastRow(
+                    broadcast_id=bid,
+                    request={},
+                    targets=[],
+                    min_results=1,
+                    created_at=at,
+                    deadline=at + 30,
+                )
+            )
+        for kind, at in (("old", OLD), ("new", NEW)):
+            s.add(InstanceEventRow(instance_id="i", agent_id="a", kind=kind, detail={}, at=at))
+
+
+def column(sessions: sessionmaker[Session], col: Any) -> set[Any]:
+    with sessions() as s:
+        return set(s.scalars(select(col)))
+
+
+def test_exactly_the_old_finished_records_go(sessions: sessionmaker[Session]) -> None:
+    seed(sessions)
+    policy = RetentionPolicy(batch_size=2, batches=100)  # many small batches
+    deleted = retention.sweep(sessions.begin, NOW, policy)
+
+    kept_tasks = {
+        "old-dead-unresolved",
+        "old-live-pending",
+        "old-live-executing",
+        "old-live-awaiting_approval",
+        "new-success",
+    }
+    assert column(sessions, TaskRow.task_id) == kept_tasks
+    assert column(sessions, TaskEventRow.task_id) == kept_tasks
+    assert column(sessions, OutboxRow.task_id) == kept_tasks
+    assert column(sessions, DeadLetterRow.task_id) == {
+        "old-dead-unresolved",
+        "old-live-pending",
+        "gone-unresolved",
+    }
+    assert column(sessions, DagRunRow.run_id) == {"run-old-running", "run-new-success"}
+    assert column(sessions, DagNodeRunRow.run_id) == {"run-old-running", "run-new-success"}
+    assert column(sessions, BroadcastRow.broadcast_id) == {"b-new"}
+    assert column(sessions, InstanceEventRow.kind) == {"new"}
+    assert deleted == {
+        "tasks": 4,
+        "task_events": 4,
+        "outbox": 4,
+        "dead_letters": 2,  # the replayed one with its task, the orphan replayed one
+        "dag_runs": 2,
+        "dag_node_runs": 4,
+        "broadcasts": 1,
+        "instance_events": 1,
+    }
+    assert retention.sweep(sessions.begin, NOW, policy) == {}  # nothing left to do
+
+
+def test_a_sweep_deletes_in_bounded_batches(sessions: sessionmaker[Session]) -> None:
+    with sessions.begin() as s:
+        for i in range(7):
+            add_task(s, f"t{i}", TaskStatus.SUCCESS, OLD + i, finished=True)
+    policy = RetentionPolicy(batch_size=3, batches=2)  # at most 6 tasks per sweep
+    assert retention.sweep(sessions.begin, NOW, policy)["tasks"] == 6
+    assert column(sessions, TaskRow.task_id) == {"t6"}  # the oldest went first
+    assert retention.sweep(sessions.begin, NOW, policy)["tasks"] == 1
+    assert column(sessions, TaskRow.task_id) == set()
+
+
+def register(sessions: sessionmaker[Session], instance_id: str, now: float) -> None:
+    with sessions.begin() as s:
+        registry.register(
+            s,
+            RegisterRequest(
+                agent_id="a", instance_id=instance_id, addr="127.0.0.1:9", allow_loopback=True
+            ),
+            now,
+            Policy.from_settings(Settings()),
+        )
+
+
+def set_status(sessions: sessionmaker[Session], instance_id: str, status: str, at: float) -> None:
+    with sessions.begin() as s:
+        row = s.get(InstanceRow, instance_id)
+        assert row is not None
+        row.status, row.status_changed_at, row.next_probe_at = status, at, 0.0
+
+
+@pytest.fixture
+def hub(store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[HubContext]:
+    """A hub whose retention is counted in seconds, as REACH_RETENTION__* floats allow."""
+    import reach.worker.app
+
+    settings = load_settings(
+        environ={
+            "REACH_DATABASE_URL": store_url,
+            "REACH_HOME": str(tmp_path),
+            "REACH_RETENTION__DAYS": str(60 / DAY),  # one minute
+            "REACH_RETENTION__OFFLINE_INSTANCE_HOURS": str(10 / 3600),  # ten seconds
+        }
+    )
+    ctx = HubContext.from_settings(settings, clock=ManualClock(NOW))
+    monkeypatch.setattr(reach.worker.app, "runtime", lambda: ctx)
+    yield ctx
+    ctx.engine.dispose()
+
+
+def test_an_instance_long_offline_is_removed_and_no_longer_probed(hub: HubContext) -> None:
+    from tasks.maintenance import retention_sweep
+
+    for instance_id in ("long-offline", "just-offline", "online"):
+        register(hub.sessions, instance_id, NOW - 100)
+    set_status(hub.sessions, "long-offline", InstanceStatus.OFFLINE.value, NOW - 11)
+    set_status(hub.sessions, "just-offline", InstanceStatus.OFFLINE.value, NOW - 9)
+    with hub.transaction() as s:  # offline instances are probed (they may come back) ...
+        due, _ = monitoring.claim_due_probes(s, NOW, hub.policy)
+        assert "long-offline" in {t.instance_id for t in due}
+        for row in s.scalars(select(InstanceRow)):
+            row.probe_lease_until = None
+
+    deleted = retention_sweep()  # the beat task, on settings from the environment
+
+    assert deleted == {"instances": 1}
+    assert column(hub.sessions, InstanceRow.instance_id) == {"just-offline", "online"}
+    with hub.transaction() as s:  # ... until retention removed them
+        due, _ = monitoring.claim_due_probes(s, NOW, hub.policy)
+        assert "long-offline" not in {t.instance_id for t in due}
+        removed = s.scalars(
+            select(InstanceEventRow).where(InstanceEventRow.instance_id == "long-offline")
+        ).all()
+    assert [e.kind for e in removed][-1] == "removed"
+
+
+def test_the_beat_schedule_runs_retention_at_its_interval() -> None:
+    from beat_schedule import beat_schedule
+
+    entry = beat_schedule(Settings())["reach.retention-sweep"]
+    assert (entry["task"], entry["schedule"]) == ("reach.retention_sweep", 300.0)
