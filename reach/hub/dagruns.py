@@ -1,30 +1,38 @@
 """DAG runs in the store: the run, each node's state, and the step that advances a node.
 
 A node never raises into the canvas: whatever happens (skipped by its condition, refused
-at submit, failed, timed out) becomes a ``NodeResult`` stored here, and the next level
-reads its ancestors' results from here — not from chord arguments, which only carry the
-previous level.
+at submit, failed, timed out, its task gone, the store refusing the step) becomes a
+``NodeResult`` stored here, and the next level reads its ancestors' results from here — not
+from chord arguments, which only carry the previous level. A run whose chord died anyway
+(its messages lost with a worker or a broker) is resumed or finished by `sweep`.
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, cast
 
-from sqlalchemy import select
+from sqlalchemy import CursorResult, select, update
 from sqlalchemy.orm import Session
 
 from reach.core import dags
 from reach.core.dags import DagSpec, NodeResult, NodeStatus
-from reach.core.statuses import TERMINAL, TaskStatus
+from reach.core.dags.sweep import RunClock, SweepAction, sweep_action
+from reach.core.statuses import TERMINAL, DagRunStatus, TaskStatus
 from reach.errors import DagError, ReachError, UnknownTask
 from reach.hub.storage.models import DagNodeRunRow, DagRunRow, TaskRow
 from reach.hub.submission import submit
 from reach.schemas import SubmitRequest
 
+log = logging.getLogger("reach.hub.dagruns")
+
 FINISHED = {s.value for s in NodeStatus}
+# a node row before its result: not yet submitted, then waiting for its reach task
+NODE_PENDING, NODE_RUNNING = "pending", "running"
 MAX_RUN_RETRIES = 3  # node re-attempts per run, in total: a flaky branch cannot loop forever
+SWEEP_BATCH = 200  # running runs looked at per sweep, oldest first
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,14 +51,14 @@ def start_run(session: Session, spec: DagSpec, run_input: dict[str, Any], now: f
             name=spec.name,
             spec=spec.model_dump(mode="json"),
             input=run_input,
-            status="running",
+            status=DagRunStatus.RUNNING,
             reason="",
             created_at=now,
             updated_at=now,
         )
     )
     for node in spec.nodes:
-        session.add(DagNodeRunRow(run_id=run_id, node_id=node.id, status="pending", reason=""))
+        session.add(DagNodeRunRow(run_id=run_id, node_id=node.id, status=NODE_PENDING, reason=""))
     session.flush()
     return run_id
 
@@ -74,11 +82,23 @@ def results_of(nodes: dict[str, DagNodeRunRow]) -> dict[str, NodeResult]:
 
 
 def advance_node(session: Session, run_id: str, node_id: str, now: float) -> Step:
-    """Decide, submit, or collect one node; idempotent (a duplicate task finds it done)."""
+    """Decide, submit, or collect one node; idempotent (a duplicate task finds it done).
+
+    The node's row is locked for the step, so duplicate copies of a node task (and the
+    sweep) take turns on it."""
     run, nodes = load(session, run_id)
-    row = nodes[node_id]
+    row = _lock_node(session, run_id, node_id)
+    nodes[node_id] = row
     if row.status in FINISHED:
         return Step(results_of({node_id: row})[node_id])
+    if run.status != DagRunStatus.RUNNING:  # the sweep settled the run meanwhile
+        return Step(
+            _finish(
+                row,
+                NodeResult(status=NodeStatus.SKIPPED, reason=f"run already {run.status}"),
+                now,
+            )
+        )
     spec = DagSpec.model_validate(run.spec)
     node = spec.node(node_id)
     results = results_of(nodes)
@@ -107,12 +127,13 @@ def advance_node(session: Session, run_id: str, node_id: str, now: float) -> Ste
                 )
             )
         row.task_id = task["task_id"]
-        row.status = "running"
+        row.status = NODE_RUNNING
         row.started_at = now
         return Step(None, submitted_task=task["task_id"])
     reach_task = session.scalar(select(TaskRow).where(TaskRow.task_id == row.task_id))
-    if reach_task is None:
-        raise UnknownTask(f"task {row.task_id!r} of node {node_id!r} vanished")
+    if reach_task is None:  # deleted under the run (an operator, retention): a stated failure
+        gone = UnknownTask(f"task {row.task_id!r} of node {node_id!r} vanished")
+        return Step(_finish(row, failure_of(gone, "its task vanished"), now))
     transient = reach_task.status == TaskStatus.DEAD or (
         reach_task.status not in TERMINAL
         and row.started_at is not None
@@ -121,11 +142,16 @@ def advance_node(session: Session, run_id: str, node_id: str, now: float) -> Ste
     if transient and run.retries < MAX_RUN_RETRIES:
         # delivery gave up (or the node timed out): re-attempt it, from the run's budget
         run.retries += 1
-        task, _ = submit(
-            session,
-            _node_request(run_id, node, f"{run_id}.{node_id}.r{run.retries}", reach_task.payload),
-            now,
-        )
+        try:
+            task, _ = submit(
+                session,
+                _node_request(
+                    run_id, node, f"{run_id}.{node_id}.r{run.retries}", reach_task.payload
+                ),
+                now,
+            )
+        except ReachError as exc:  # e.g. the agent left since the first attempt
+            return Step(_finish(row, failure_of(exc, f"not re-submitted: {exc.detail}"), now))
         row.task_id = task["task_id"]
         row.started_at = now
         return Step(None, submitted_task=task["task_id"])
@@ -155,21 +181,49 @@ def advance_node(session: Session, run_id: str, node_id: str, now: float) -> Ste
 
 
 def finish_run(session: Session, run_id: str, now: float) -> str:
+    """Settle the run from its nodes' results; a run already settled (by a duplicate
+    closing task, or by the sweep) keeps its outcome."""
     run, nodes = load(session, run_id)
-    bad = sorted(n for n, row in nodes.items() if row.status in ("failed", "timeout"))
-    skipped = sorted(n for n, row in nodes.items() if row.status == "skipped")
+    if run.status != DagRunStatus.RUNNING:
+        return run.status
+    bad = sorted(
+        n for n, row in nodes.items() if row.status in (NodeStatus.FAILED, NodeStatus.TIMEOUT)
+    )
+    skipped = sorted(n for n, row in nodes.items() if row.status == NodeStatus.SKIPPED)
     unfinished = sorted(n for n, row in nodes.items() if row.status not in FINISHED)
     if unfinished:
-        run.status, run.reason = "failed", f"nodes never finished: {', '.join(unfinished)}"
+        status, reason = DagRunStatus.FAILED, f"nodes never finished: {', '.join(unfinished)}"
     elif bad:
         why = "; ".join(f"{n}: {nodes[n].reason}" for n in bad)
         also = f"; skipped: {', '.join(skipped)}" if skipped else ""
-        run.status, run.reason = "failed", why + also
+        status, reason = DagRunStatus.FAILED, why + also
     else:
-        run.status = "success"
-        run.reason = f"skipped: {', '.join(skipped)}" if skipped else "all nodes succeeded"
-    run.finished_at = run.updated_at = now
-    return run.status
+        status = DagRunStatus.SUCCESS
+        reason = f"skipped: {', '.join(skipped)}" if skipped else "all nodes succeeded"
+    if not _settle_run(session, run_id, status, reason, now):
+        session.refresh(run)
+        return run.status
+    return status
+
+
+def fail_node(
+    session: Session, run_id: str, node_id: str, exc: BaseException, now: float
+) -> NodeResult:
+    """Store a node step that raised as the node's failure, so the chord goes on.
+
+    A node that has its result meanwhile keeps it; a run that no longer exists gets an
+    unstored failure (there is nothing left to record it on)."""
+    try:
+        _, nodes = load(session, run_id)
+    except UnknownTask:
+        return failure_of(exc, "its run no longer exists")
+    if node_id not in nodes:
+        return failure_of(exc, f"node {node_id!r} is not part of run {run_id}")
+    row = _lock_node(session, run_id, node_id)
+    if row.status in FINISHED:
+        return results_of({node_id: row})[node_id]
+    detail = exc.detail if isinstance(exc, ReachError) else str(exc)
+    return _finish(row, failure_of(exc, f"step failed: {detail}"), now)
 
 
 def view(session: Session, run_id: str) -> dict[str, Any]:
@@ -224,6 +278,44 @@ def _finish(row: DagNodeRunRow, result: NodeResult, now: float) -> NodeResult:
     row.reason = result.reason
     row.finished_at = now
     return result
+
+
+def failure_of(exc: BaseException, reason: str) -> NodeResult:
+    """A failed node result that names the exception (its class and message)."""
+    message = exc.detail if isinstance(exc, ReachError) else str(exc)
+    return NodeResult(
+        status=NodeStatus.FAILED,
+        error={"kind": type(exc).__name__, "message": message},
+        reason=reason,
+    )
+
+
+def _lock_node(session: Session, run_id: str, node_id: str) -> DagNodeRunRow:
+    row = session.scalar(
+        select(DagNodeRunRow)
+        .where(DagNodeRunRow.run_id == run_id, DagNodeRunRow.node_id == node_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    )
+    if row is None:
+        raise UnknownTask(f"node {node_id!r} is not part of run {run_id}", run_id=run_id)
+    return row
+
+
+def _settle_run(
+    session: Session, run_id: str, status: DagRunStatus, reason: str, now: float
+) -> bool:
+    """Move the run out of ``running``: True in exactly one of the settlers that race."""
+    done = session.execute(
+        update(DagRunRow)
+        .where(DagRunRow.run_id == run_id, DagRunRow.status == DagRunStatus.RUNNING)
+        .values(status=status, reason=reason, finished_at=now, updated_at=now)
+    )
+    return _rowcount(done) == 1
+
+
+def _rowcount(result: object) -> int:
+    return int(cast(CursorResult[Any], result).rowcount)
 
 
 def canvas_step(
@@ -294,3 +386,153 @@ def check_fits_chord_lifetime(spec: DagSpec, plan: dags.Plan, lifetime_s: float)
             "chord state is kept; shorten node timeouts or split the DAG",
             node=max(spec.nodes, key=lambda n: n.timeout_ms).id,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """A stalled run to publish again, from its first level with an unfinished node."""
+
+    run_id: str
+    plan: dags.Plan
+    from_level: int
+
+
+@dataclass(slots=True)
+class SweepReport:
+    """What one sweep did, by run id."""
+
+    finished: list[str] = field(default_factory=list)
+    abandoned: list[str] = field(default_factory=list)
+    resumed: list[Resume] = field(default_factory=list)
+
+
+def run_clock(run: DagRunRow, nodes: dict[str, DagNodeRunRow], plan: dags.Plan) -> RunClock:
+    """The run's bounds from its spec, and its last sign of progress from its rows."""
+    marks = [run.created_at, run.updated_at]
+    marks += [t for row in nodes.values() for t in (row.started_at, row.finished_at) if t]
+    return RunClock(
+        created_at=run.created_at,
+        last_progress=max(marks),
+        worst_case_s=worst_case_seconds(plan.spec, plan),
+        longest_node_s=max(n.timeout_ms for n in plan.spec.nodes) / 1000,
+    )
+
+
+def sweep(session: Session, now: float, margin_s: float, limit: int = SWEEP_BATCH) -> SweepReport:
+    """Settle or resume runs whose canvas stopped advancing (see `reach.core.dags.sweep`).
+
+    Safe with several beats and workers: every move is a conditional UPDATE on the run
+    (still ``running``, not touched since we read it), so exactly one sweeper acts."""
+    report = SweepReport()
+    runs = session.scalars(
+        select(DagRunRow)
+        .where(DagRunRow.status == DagRunStatus.RUNNING)
+        .order_by(DagRunRow.id)
+        .limit(limit)
+    ).all()
+    rows = session.scalars(
+        select(DagNodeRunRow).where(DagNodeRunRow.run_id.in_([r.run_id for r in runs]))
+    ).all()
+    by_run: dict[str, dict[str, DagNodeRunRow]] = {}
+    for row in rows:
+        by_run.setdefault(row.run_id, {})[row.node_id] = row
+    for run in runs:
+        nodes = by_run.get(run.run_id, {})
+        plan = dags.compile_plan(DagSpec.model_validate(run.spec))
+        clock = run_clock(run, nodes, plan)
+        unfinished = [n for level in plan.levels for n in level if nodes[n].status not in FINISHED]
+        action = sweep_action(clock, not unfinished, now, margin_s)
+        if action is SweepAction.FINISH:
+            finish_run(session, run.run_id, now)
+            report.finished.append(run.run_id)
+        elif action is SweepAction.ABANDON:
+            outcome = _abandon(session, run, plan, clock, now, margin_s)
+            if outcome is SweepAction.ABANDON:
+                report.abandoned.append(run.run_id)
+            elif outcome is SweepAction.FINISH:
+                report.finished.append(run.run_id)
+        elif action is SweepAction.RESUME and _claim_resume(session, run, now):
+            first = next(i for i, level in enumerate(plan.levels) if set(level) & set(unfinished))
+            report.resumed.append(Resume(run.run_id, plan, first))
+    if report.finished or report.abandoned or report.resumed:
+        log.warning(
+            "DAG sweep: finished %s, abandoned %s, resumed %s",
+            report.finished,
+            report.abandoned,
+            [r.run_id for r in report.resumed],
+        )
+    return report
+
+
+def _claim_resume(session: Session, run: DagRunRow, now: float) -> bool:
+    """Stamp the run as resumed now, unless another sweeper (or a step) got there first."""
+    seen = run.updated_at
+    claimed = session.execute(
+        update(DagRunRow)
+        .where(
+            DagRunRow.run_id == run.run_id,
+            DagRunRow.status == DagRunStatus.RUNNING,
+            DagRunRow.updated_at == seen,
+        )
+        .values(updated_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    return _rowcount(claimed) == 1
+
+
+def _abandon(
+    session: Session,
+    run: DagRunRow,
+    plan: dags.Plan,
+    clock: RunClock,
+    now: float,
+    margin_s: float,
+) -> SweepAction | None:
+    """Fail the run, naming the nodes that never finished, and mark those nodes: a node
+    that was waiting for its task failed, one never submitted is skipped.
+
+    The run's node rows are locked first (node steps lock theirs), so a node finishing
+    at this moment is either seen finished here or finds the run settled; a run whose
+    last node just finished is settled from its results instead."""
+    locked = session.scalars(
+        select(DagNodeRunRow)
+        .where(DagNodeRunRow.run_id == run.run_id)
+        .order_by(DagNodeRunRow.id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    ).all()
+    nodes = {row.node_id: row for row in locked}
+    unfinished = [n for level in plan.levels for n in level if nodes[n].status not in FINISHED]
+    if not unfinished:
+        finish_run(session, run.run_id, now)
+        return SweepAction.FINISH
+    stuck = ", ".join(f"{n} ({nodes[n].status})" for n in unfinished)
+    reason = (
+        f"abandoned: no progress for {now - clock.last_progress:.0f}s and older than the "
+        f"{clock.worst_case_s + margin_s:.0f}s it could take (its canvas died); "
+        f"never finished: {stuck}"
+    )
+    if not _settle_run(session, run.run_id, DagRunStatus.FAILED, reason, now):
+        return None
+    for node_id in unfinished:
+        waiting = nodes[node_id].status == NODE_RUNNING
+        session.execute(
+            update(DagNodeRunRow)
+            .where(
+                DagNodeRunRow.run_id == run.run_id,
+                DagNodeRunRow.node_id == node_id,
+                DagNodeRunRow.status.in_((NODE_PENDING, NODE_RUNNING)),
+            )
+            .values(
+                status=NodeStatus.FAILED if waiting else NodeStatus.SKIPPED,
+                error={"kind": "RunAbandoned", "message": reason} if waiting else None,
+                reason=(
+                    "never finished: the run was abandoned"
+                    if waiting
+                    else "never started: the run was abandoned"
+                ),
+                finished_at=now,
+            )
+            .execution_options(synchronize_session=False)
+        )
+    return SweepAction.ABANDON

@@ -12,14 +12,17 @@ from celery import chain, group
 from reach.core.dags import Plan
 
 
-def canvas(app: Any, run_id: str, plan: Plan) -> Any:
-    """The run as a canvas (immutable signatures: nodes read state, not chord arguments)."""
+def canvas(app: Any, run_id: str, plan: Plan, from_level: int = 0) -> Any:
+    """The run as a canvas (immutable signatures: nodes read state, not chord arguments).
+
+    ``from_level`` resumes a run whose canvas died: the levels before it are done, and a
+    node already finished returns its stored result at once."""
     levels = [
         group(
             app.signature("reach.dag_node", args=(run_id, node_id), immutable=True)
             for node_id in level
         )
-        for level in plan.levels
+        for level in plan.levels[from_level:]
     ]
     return chain(*levels, app.signature("reach.dag_finish", args=(run_id,), immutable=True))
 
