@@ -47,9 +47,10 @@ class Reporter:
         for i in range(threads):
             threading.Thread(target=self._run, name=f"reporter-{i}", daemon=True).start()
 
-    def later(self, delay: float, task_id: str, data: dict[str, Any]) -> None:
+    def later(self, delay: float, task_id: str, report: dict[str, Any]) -> None:
+        """POST ``report`` (the whole result body) as the task's result after ``delay``."""
         with self._cond:
-            heapq.heappush(self._heap, (time.monotonic() + delay, task_id, data))
+            heapq.heappush(self._heap, (time.monotonic() + delay, task_id, report))
             self._cond.notify()
 
     def _run(self) -> None:
@@ -59,12 +60,12 @@ class Reporter:
                 while not self._heap or self._heap[0][0] > time.monotonic():
                     timeout = self._heap[0][0] - time.monotonic() if self._heap else None
                     self._cond.wait(timeout)
-                _, task_id, data = heapq.heappop(self._heap)
+                _, task_id, report = heapq.heappop(self._heap)
             for _ in range(5):
                 try:
                     session.post(
                         f"{self.hub}/v1/tasks/{task_id}/result",
-                        json={"code": 0, "data": data},
+                        json=report,
                         timeout=10,
                     )
                     break
@@ -98,6 +99,10 @@ def main() -> None:
     forwarding = args.mode == "forward"
     forwarder = ThreadPoolExecutor(64, thread_name_prefix="fwd") if forwarding else None
 
+    def claim(task_id: str) -> dict[str, Any]:
+        """What a result report must name: the attempt delivered here, and this instance."""
+        return {"attempt_seq": agent.accepted_attempt(task_id), "instance_id": agent.instance_id}
+
     def forward(task_id: str, payload: dict[str, Any]) -> None:
         """The second hop, off the handler: the first hop was answered 202, so no hub
         worker slot waits on this one (a sync chain can starve the pool it runs on)."""
@@ -117,7 +122,7 @@ def main() -> None:
                 {"code": 0, "data": {"forwarded": view.get("result")}}
                 if ok
                 else {"code": 1, "message": f"second hop {view.get('status')}"}
-            )
+            ) | claim(task_id)
             hub_session().post(f"{args.hub}/v1/tasks/{task_id}/result", json=report, timeout=10)
         except Exception as exc:  # the hub's watchdog retries the first hop
             logging.warning("second hop of %s failed: %s", task_id, exc)
@@ -127,7 +132,9 @@ def main() -> None:
         with lock:
             received[int(time.time())] += 1
         if reporter is not None:
-            reporter.later(args.latency, task_id, {"echo": payload})
+            reporter.later(
+                args.latency, task_id, {"code": 0, "data": {"echo": payload}, **claim(task_id)}
+            )
             return reach.ACCEPTED
         if args.latency:
             time.sleep(args.latency)

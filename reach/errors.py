@@ -17,12 +17,15 @@
     │   ├── BusinessError
     │   └── DeadLettered            retries exhausted; the task waits in the dead-letter queue
     ├── TaskError
+    │   ├── InvalidTaskRequest      a task, broadcast or report body is malformed
     │   ├── InvalidPayload          the payload fails the capability's params_schema
     │   ├── UnknownTask
     │   ├── TaskConflict            a task_id reused for a different task
     │   │   └── IllegalTransition   the task's status does not allow this move
+    │   ├── StaleReport             a report for an attempt or instance the task no longer waits on
     │   └── ResultTimeout           no terminal result within the caller's wait
-    ├── HubUnavailable              the SDK could not reach the hub
+    ├── HubUnavailable              the hub (or its database) could not be reached
+    │   └── ProtocolError           the hub answered 2xx without the JSON it promises
     ├── DagError
     ├── SecurityError
     ├── LoopDetected
@@ -73,6 +76,13 @@ class ReachError(Exception):
     def headers(self) -> dict[str, str]:
         """HTTP headers the problem answer carries besides its body."""
         return {}
+
+
+def _retry_after(seconds: object) -> dict[str, str]:
+    """A ``Retry-After`` header in whole seconds (at least 1), or none for a non-number."""
+    if isinstance(seconds, int | float) and not isinstance(seconds, bool):
+        return {"Retry-After": str(max(1, math.ceil(seconds)))}
+    return {}
 
 
 class ConfigError(ReachError):
@@ -154,10 +164,7 @@ class CircuitOpen(RoutingError):
     title = "Circuit open"
 
     def headers(self) -> dict[str, str]:
-        retry_after = self.extra.get("retry_after")
-        if isinstance(retry_after, int | float) and not isinstance(retry_after, bool):
-            return {"Retry-After": str(max(1, math.ceil(retry_after)))}
-        return {}
+        return _retry_after(self.extra.get("retry_after"))
 
 
 class DeliveryError(ReachError):
@@ -220,6 +227,14 @@ class TaskError(ReachError):
     title = "Task error"
 
 
+class InvalidTaskRequest(TaskError):
+    """A task, broadcast, result or progress request fails validation (the field is named)."""
+
+    slug = "invalid-task-request"
+    status = 422
+    title = "Invalid task request"
+
+
 class InvalidPayload(TaskError):
     """The payload does not satisfy the capability's params_schema."""
 
@@ -252,6 +267,14 @@ class IllegalTransition(TaskConflict):
     title = "Illegal task transition"
 
 
+class StaleReport(TaskError):
+    """A result or progress report names an attempt or instance the task is not waiting on."""
+
+    slug = "stale-report"
+    status = 409
+    title = "Stale or foreign report"
+
+
 class ResultTimeout(TaskError):
     """The task reached no terminal state within the wait; it may still complete."""
 
@@ -261,11 +284,24 @@ class ResultTimeout(TaskError):
 
 
 class HubUnavailable(ReachError):
-    """The SDK could not reach the hub (connection refused, timeout, 5xx)."""
+    """The hub, or the hub's database, could not be reached (refused, timeout, 5xx)."""
 
     slug = "hub-unavailable"
     status = 503
     title = "Hub unavailable"
+
+    def headers(self) -> dict[str, str]:
+        """Say when to try again (``retry_after`` s, else 1): a database outage is usually
+        short, and a caller resubmitting the same task_id gets the same task."""
+        return _retry_after(self.extra.get("retry_after", 1))
+
+
+class ProtocolError(HubUnavailable):
+    """The hub answered with a success status but not the JSON object the API promises."""
+
+    slug = "protocol-error"
+    status = 502
+    title = "Protocol error"
 
 
 class DagError(ReachError):

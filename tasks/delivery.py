@@ -2,19 +2,32 @@
 
 Acks late and is rejected (requeued) when its worker dies; a duplicate copy of the
 message finds the attempt claimed or already finished and does nothing.
+
+The hub's database unavailable (``HubUnavailable``, translated at the delivery's edge) is
+retried with a backoff countdown, a few times: a restart of the database is ridden out
+without waiting for the outbox's nets, and if it lasts longer the nets recover the attempt
+(its outbox row and lease are in the database), so the shell gives up quietly.
 """
 
 from __future__ import annotations
 
+import logging
 from functools import lru_cache
 
-from celery import shared_task
+from celery import Task, shared_task
 
+from reach.core.retry import RetryPolicy, backoff_delay
+from reach.errors import HubUnavailable
 from reach.hub.agent_http import AgentTransport
 from reach.hub.breakers import Breakers
 from reach.hub.delivery import deliver_attempt
 from reach.hub.registry import CandidateCache
 from reach.worker.process_random import process_random
+
+log = logging.getLogger("reach.tasks.delivery")
+
+OUTAGE_RETRY = RetryPolicy(max_retry=6, base=1.0, cap=30.0)
+"""Retries of a delivery the database refused: ~1+2+4+8+16+30 s, then the nets' turn."""
 
 
 @lru_cache(maxsize=1)
@@ -33,8 +46,35 @@ def candidates() -> CandidateCache:
     return CandidateCache(settings.router.candidate_ttl)
 
 
-@shared_task(name="reach.deliver", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
-def deliver(task_id: str, attempt_seq: int) -> None:
+@shared_task(
+    bind=True,
+    name="reach.deliver",
+    acks_late=True,
+    reject_on_worker_lost=True,
+    ignore_result=True,
+    max_retries=OUTAGE_RETRY.max_retry,
+)
+def deliver(self: Task[[str, int], None], task_id: str, attempt_seq: int) -> None:
+    try:
+        _deliver(task_id, attempt_seq)
+    except HubUnavailable as exc:
+        done = self.request.retries
+        if done >= OUTAGE_RETRY.max_retry:
+            log.error(
+                "delivery of %s attempt %d gave up after %d database retries (%s); "
+                "the outbox's nets will recover it",
+                task_id, attempt_seq, done, exc,
+            )  # fmt: skip
+            return
+        countdown = backoff_delay(done + 1, OUTAGE_RETRY, _rng)
+        log.warning(
+            "delivery of %s attempt %d: %s; retry %d in %.1fs",
+            task_id, attempt_seq, exc, done + 1, countdown,
+        )  # fmt: skip
+        raise self.retry(exc=exc, countdown=countdown) from exc
+
+
+def _deliver(task_id: str, attempt_seq: int) -> None:
     from reach.worker.app import runtime
 
     ctx = runtime()

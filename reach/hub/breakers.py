@@ -26,6 +26,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, cast
 
+from cachetools import LRUCache
 from sqlalchemy import CursorResult, update
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -41,6 +42,7 @@ from reach.core.retry import Outcome
 from reach.core.routing import Candidate
 from reach.hub import metrics
 from reach.hub.storage.models import InstanceEventRow, InstanceRow
+from reach.hub.storage.outage import database_outage
 
 log = logging.getLogger("reach.core.breaker")
 
@@ -56,10 +58,16 @@ class Ticket:
 
 
 class Breakers:
-    """This process's failure windows, one per instance (memory only, never written)."""
+    """This process's failure windows, one per instance (memory only, never written).
 
-    def __init__(self) -> None:
-        self._windows: dict[str, tuple[float, FailureWindow]] = {}
+    At most ``maxsize`` instances are tracked, least recently answered dropped first:
+    instance ids are fresh UUIDs on every agent restart, so a long-lived worker would
+    otherwise keep a window for every instance it ever delivered to. A dropped window
+    only forgets outcomes; the breaker's state itself lives in the store.
+    """
+
+    def __init__(self, maxsize: int = 4096) -> None:
+        self._windows: LRUCache[str, tuple[float, FailureWindow]] = LRUCache(maxsize=maxsize)
         self._lock = threading.Lock()
 
     def record(
@@ -78,6 +86,9 @@ class Breakers:
     def forget(self, instance_id: str) -> None:
         with self._lock:
             self._windows.pop(instance_id, None)
+
+    def __len__(self) -> int:
+        return len(self._windows)
 
 
 def ticket(session: Session, instance_id: str, now: float, policy: BreakerPolicy) -> Ticket | None:
@@ -121,6 +132,7 @@ def claim_trial(session: Session, instance_id: str, now: float, policy: BreakerP
     return claimed == 1
 
 
+@database_outage("a circuit breaker's transition")
 def observe(
     sessions: sessionmaker[Session],
     breakers: Breakers,
@@ -129,7 +141,9 @@ def observe(
     now: float,
     policy: BreakerPolicy,
 ) -> None:
-    """Feed one agent answer to the instance's breaker; store a transition if there is one."""
+    """Feed one agent answer to the instance's breaker; store a transition if there is one.
+
+    A database failure while storing it is `HubUnavailable`, never SQLAlchemy's own."""
     success = counts_as_success(outcome)
     if success is None:
         return

@@ -15,7 +15,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from reach.errors import HubUnavailable, RegistrationConflict
+from reach.errors import HubUnavailable, ReachError, RegistrationConflict
 from reach.hub.clock import Clock, SystemClock
 from reach.hub.delivery import DeliveryPolicy, Publish, mark_published, unmark_published
 from reach.hub.monitoring import Policy
@@ -106,15 +106,24 @@ class HubContext:
         except OperationalError as exc:
             raise HubUnavailable(f"the hub's database is unavailable: {exc.orig}") from exc
 
-    def write(self, work: Callable[[Session], T]) -> T:
-        """Run ``work`` in a transaction; retry once if a concurrent writer won a unique race."""
+    def write(
+        self,
+        work: Callable[[Session], T],
+        *,
+        conflict: type[ReachError] = RegistrationConflict,
+    ) -> T:
+        """Run ``work`` in a transaction; retry once if a concurrent writer won a unique race.
+
+        A race lost twice raises ``conflict``: the caller names the error type of the
+        resource it writes (``TaskConflict`` for tasks, ``DagError`` for DAG runs ...),
+        so a caller never sees a registry error for a task."""
         for attempt in (1, 2):
             try:
                 with self.transaction() as session:
                     return work(session)
             except IntegrityError as exc:
                 if attempt == 2:
-                    raise RegistrationConflict(
+                    raise conflict(
                         "a concurrent request changed the same record; retry", cause=str(exc.orig)
                     ) from exc
         raise AssertionError("unreachable")

@@ -32,10 +32,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from reach.core import lifecycle
 from reach.core.breaker import BreakerPolicy
 from reach.core.lifecycle import TaskEvent
+from reach.core.reports import AWAITING_REPORT, Verdict, judge_report
 from reach.core.retry import Outcome, RetryPolicy, backoff_delay, classify, should_retry
 from reach.core.routing import RouteFilter, choose_excluding
 from reach.core.statuses import TERMINAL, TaskStatus
-from reach.errors import NoSuitableAgent, UnknownTask
+from reach.errors import NoSuitableAgent, StaleReport, UnknownTask
 from reach.hub import breakers as breaker_store
 from reach.hub import metrics, registry
 from reach.hub.agent_http import AgentAnswer, AgentTransport
@@ -43,6 +44,7 @@ from reach.hub.breakers import Breakers, Ticket
 from reach.hub.monitoring import Policy
 from reach.hub.settings import Settings
 from reach.hub.storage.models import DeadLetterRow, OutboxRow, TaskEventRow, TaskRow
+from reach.hub.storage.outage import database_outage
 from reach.hub.wakeups import mark_finished
 
 log = logging.getLogger("reach.hub.delivery")
@@ -110,6 +112,7 @@ class _Dispatch:
     ticket: Ticket
 
 
+@database_outage("delivery of an attempt")
 def deliver_attempt(
     sessions: sessionmaker[Session],
     task_id: str,
@@ -130,7 +133,8 @@ def deliver_attempt(
     ``candidates`` lets a worker process reuse routing candidates for a moment.
 
     The common path is two short transactions of plain statements (claim and route;
-    record a success); anything unusual takes the ORM path below them.
+    record a success); anything unusual takes the ORM path below them. A database
+    failure leaves as `HubUnavailable` (the shell retries; the outbox's nets recover).
     """
     with sessions.begin() as session:
         claimed = claim(session, task_id, attempt_seq, now(), dpolicy)
@@ -275,6 +279,14 @@ _SUCCEED = (
     )
     .returning(*(_T.c[name] for name in VIEW_COLUMNS))
 )
+# A reported success: only for the attempt the task waits on, from its own instance
+# (``reach.core.reports``); anything else takes the ORM path to be judged and recorded.
+assert AWAITING_REPORT <= lifecycle.sources_of(TaskEvent.SUCCEED)
+_SUCCEED_REPORTED = _SUCCEED.where(
+    _T.c.status.in_(sorted(AWAITING_REPORT)),
+    _T.c.attempt_seq == bindparam("b_seq"),
+    _T.c.instance_id == bindparam("b_instance"),
+)
 _ADD_EVENT = insert(_EVENTS)
 
 
@@ -387,15 +399,25 @@ def _route(
 
 
 def succeed(
-    session: Session, task_id: str, data: Any, now: float, detail: dict[str, Any]
+    session: Session,
+    task_id: str,
+    data: Any,
+    now: float,
+    detail: dict[str, Any],
+    *,
+    answering: tuple[int, str] | None = None,
 ) -> dict[str, Any] | None:
     """The common ending in two statements: the task becomes ``success`` unless it is
-    terminal already or unknown (then the ORM path records or refuses). Its view if so."""
-    row = (
-        session.connection()
-        .execute(_SUCCEED, {"b_task_id": task_id, "b_result": data, "b_now": now})
-        .first()
-    )
+    terminal already or unknown (then the ORM path records or refuses). Its view if so.
+
+    ``answering`` (attempt_seq, instance_id) fences a reported result: it applies only
+    while that attempt is out at that instance."""
+    params: dict[str, Any] = {"b_task_id": task_id, "b_result": data, "b_now": now}
+    statement = _SUCCEED
+    if answering is not None:
+        statement = _SUCCEED_REPORTED
+        params["b_seq"], params["b_instance"] = answering
+    row = session.connection().execute(statement, params).first()
     if row is None:
         return None
     view = dict(zip(VIEW_COLUMNS, row, strict=True))
@@ -680,28 +702,95 @@ def record_report(
     message: str,
     now: float,
     *,
-    attempt_seq: int | None,
-    instance_id: str | None,
-) -> bool:
-    """Record an agent's reported answer (after its 202): True if it decided the task,
-    False if the task already had its terminal result (then it is kept as an event)."""
+    attempt_seq: int,
+    instance_id: str,
+) -> bool | StaleReport:
+    """Record an agent's reported answer (after its 202).
+
+    True if it decided the task; False if the task had its terminal result already (the
+    report is kept as a ``duplicate_result`` event). A report for another attempt or from
+    another instance (``reach.core.reports``) changes nothing but a ``report_refused``
+    event, and comes back as the `StaleReport` to raise once this transaction committed
+    (raising here would roll the record back with it).
+    """
     detail = {"reported_by": instance_id, "attempt_seq": attempt_seq, "late_report": True}
-    if code == 0 and succeed(session, task_id, data, now, detail) is not None:
+    answering = (attempt_seq, instance_id)
+    if code == 0 and (
+        succeed(session, task_id, data, now, detail, answering=answering) is not None
+    ):
         return True  # the common case, without loading the row
     task = load_for_update(session, task_id)
     if task is None:
         raise UnknownTask(f"task {task_id!r} does not exist", task_id=task_id)
+    current = (TaskStatus(task.status), task.attempt_seq, task.instance_id)
+    if judge_report(*current, attempt_seq, instance_id) is Verdict.STALE:
+        return refuse_report(session, task, "result", attempt_seq, instance_id, now)
     if code == 0:
         return finish(session, task, TaskStatus.SUCCESS, now, result=data, detail=detail)
     error = {"kind": "business", "code": code, "message": message[:2000]}
     return finish(session, task, TaskStatus.FAILED, now, error=error, detail=detail)
 
 
-def report_progress(session: Session, task_id: str, detail: dict[str, Any], now: float) -> None:
+def report_progress(
+    session: Session,
+    task_id: str,
+    detail: dict[str, Any],
+    now: float,
+    *,
+    attempt_seq: int,
+    instance_id: str,
+) -> StaleReport | None:
+    """Record progress of the attempt in flight; a `StaleReport` (recorded, as for a
+    result) if the report names another attempt or instance. Late progress of a
+    terminal task is kept as an event, as before."""
     task = session.scalar(select(TaskRow).where(TaskRow.task_id == task_id))
     if task is None:
         raise UnknownTask(f"task {task_id!r} does not exist", task_id=task_id)
+    verdict = judge_report(
+        TaskStatus(task.status), task.attempt_seq, task.instance_id, attempt_seq, instance_id
+    )
+    if verdict is Verdict.STALE:
+        return refuse_report(session, task, "progress", attempt_seq, instance_id, now)
     record_event(session, task, "progress", now, detail)
+    return None
+
+
+def refuse_report(
+    session: Session, task: TaskRow, report: str, attempt_seq: int, instance_id: str, now: float
+) -> StaleReport:
+    """Record a refused report (who claimed what, and what the task waits on) as a task
+    event that leaves the task as it is; the error names only what the reporter sent."""
+    session.add(
+        TaskEventRow(
+            task_id=task.task_id,
+            agent_id=None,  # a claim, not a fact: the reporter may be anyone
+            instance_id=instance_id,
+            attempt_seq=attempt_seq,
+            kind="report_refused",
+            detail={
+                "report": report,
+                "claimed_instance_id": instance_id,
+                "claimed_attempt_seq": attempt_seq,
+                "status": task.status,
+                "current_attempt_seq": task.attempt_seq,
+                "current_instance_id": task.instance_id,
+            },
+            at=now,
+        )
+    )
+    log.warning(
+        "refused %s report for task %s from instance %s (attempt %d): it waits on attempt %d"
+        " at %s (%s)",
+        report, task.task_id, instance_id, attempt_seq, task.attempt_seq, task.instance_id,
+        task.status,
+    )  # fmt: skip
+    return StaleReport(
+        f"task {task.task_id!r} is not waiting on a {report} of attempt {attempt_seq} "
+        f"from instance {instance_id!r}; the report was recorded and not applied",
+        task_id=task.task_id,
+        attempt_seq=attempt_seq,
+        instance_id=instance_id,
+    )
 
 
 def task_view(task: TaskRow) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
+from cachetools import LRUCache
 from pydantic import ValidationError
 
 from reach.core import envelope
@@ -41,11 +42,12 @@ from reach.errors import (
     HubUnavailable,
     InvalidRegistration,
     ReachError,
+    StaleReport,
     UnknownInstance,
 )
 from reach.schemas import Capability, DeregisterRequest, HeartbeatRequest, RegisterRequest
 from reach.sdk import trace
-from reach.sdk.dedup import IdempotencyGuard
+from reach.sdk.dedup import DEFAULT_MAX_BYTES, DEFAULT_TTL_S, IdempotencyGuard
 from reach.sdk.dispatch import Reply, TaskCall, dispatch
 from reach.sdk.hub_client import HubClient
 
@@ -55,6 +57,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("reach.sdk.agent")
 
 Handler = Callable[[str, dict[str, Any]], Any]
+
+REMEMBERED_ATTEMPTS = 10_000
+"""Tasks whose latest delivery an agent remembers, to name it in a later report."""
 
 
 class Agent:
@@ -75,6 +80,8 @@ class Agent:
         metadata: Mapping[str, str | int | float | bool] | None = None,
         version: str = "",
         instance_id: str | None = None,
+        dedup_max_bytes: int = DEFAULT_MAX_BYTES,
+        dedup_ttl: float = DEFAULT_TTL_S,
     ) -> None:
         if not addr:
             raise InvalidRegistration("addr is required: the host:port the agent binds to")
@@ -110,8 +117,11 @@ class Agent:
             raise refused.error()
         self.hub = HubClient(hub)
         self._routes: dict[str, Handler] = {}
-        self.dedup = IdempotencyGuard()
+        # Answers kept for redeliveries: bounded in total bytes and in age, not only count.
+        self.dedup = IdempotencyGuard(max_bytes=dedup_max_bytes, ttl=dedup_ttl)
         self._lock = threading.Lock()
+        # task_id -> attempt_seq of the latest delivery this instance answered (bounded)
+        self._attempts: LRUCache[str, int] = LRUCache(maxsize=REMEMBERED_ATTEMPTS)
         self._slots = threading.BoundedSemaphore(max_concurrency)
         self._in_flight = 0
         self._consecutive_failures = 0
@@ -136,6 +146,18 @@ class Agent:
     def in_flight(self) -> int:
         with self._lock:
             return self._in_flight
+
+    def accepted_attempt(self, task_id: str) -> int | None:
+        """The ``attempt_seq`` of the latest delivery of ``task_id`` this instance got
+        (what a report of its result must name), or None if it got none or forgot it."""
+        with self._lock:
+            return self._attempts.get(task_id)
+
+    def _remember_attempt(self, task_id: str, body: Mapping[str, Any]) -> None:
+        seq = body.get("attempt_seq")
+        if isinstance(seq, int) and not isinstance(seq, bool):
+            with self._lock:  # the newest attempt is the one the hub waits on
+                self._attempts[task_id] = max(seq, self._attempts.get(task_id, seq))
 
     # -- handlers -----------------------------------------------------------------------
     def route(self, method: str) -> Callable[[Handler], Handler]:
@@ -302,6 +324,7 @@ class Agent:
         payload = body.get("payload", {})
         if not isinstance(task_id, str) or not task_id or not isinstance(payload, dict):
             return 400, {"code": 400, "message": "body needs task_id (string) and payload (object)"}
+        self._remember_attempt(task_id, body)  # before the handler: it may report at once
         begin = self.dedup.begin(task_id)
         if begin.action == "done":
             return begin.answer  # type: ignore[no-any-return]
@@ -349,24 +372,66 @@ class Agent:
 
     # -- results after 202 ------------------------------------------------------------------
     def report_result(
-        self, task_id: str, data: Any = None, *, code: int = 0, message: str = ""
+        self,
+        task_id: str,
+        data: Any = None,
+        *,
+        code: int = 0,
+        message: str = "",
+        attempt_seq: int | None = None,
     ) -> bool:
-        """Report the result of a task this agent accepted (its handler returned ACCEPTED)."""
+        """Report the result of a task this agent accepted (its handler returned ACCEPTED).
+
+        The report names this instance and the attempt it was delivered (the latest, or
+        ``attempt_seq``): the hub refuses it (``StaleReport``) if the task has moved on to
+        another attempt or instance meanwhile.
+        """
         from reach.sdk.caller import report_result
 
+        seq = self._attempt_to_report(task_id, attempt_seq)
         answer = (
             200,
             {"code": code, "data": data} if code == 0 else {"code": code, "message": message},
         )
         self.dedup.finish(task_id, answer, remember=True)
-        return report_result(task_id, data, code=code, message=message, hub=self.hub.base_url)
+        return report_result(
+            task_id,
+            data,
+            code=code,
+            message=message,
+            attempt_seq=seq,
+            instance_id=self.instance_id,
+            hub=self.hub.base_url,
+        )
 
     def report_progress(
-        self, task_id: str, progress: float | None = None, message: str = ""
+        self,
+        task_id: str,
+        progress: float | None = None,
+        message: str = "",
+        *,
+        attempt_seq: int | None = None,
     ) -> None:
         from reach.sdk.caller import report_progress
 
-        report_progress(task_id, progress, message, hub=self.hub.base_url)
+        report_progress(
+            task_id,
+            progress,
+            message,
+            attempt_seq=self._attempt_to_report(task_id, attempt_seq),
+            instance_id=self.instance_id,
+            hub=self.hub.base_url,
+        )
+
+    def _attempt_to_report(self, task_id: str, attempt_seq: int | None) -> int:
+        seq = attempt_seq if attempt_seq is not None else self.accepted_attempt(task_id)
+        if seq is None:
+            raise StaleReport(
+                f"{self.agent_id}/{self.instance_id} holds no delivery of task {task_id!r} "
+                "(never delivered here, or forgotten): pass attempt_seq=",
+                task_id=task_id,
+            )
+        return seq
 
 
 class _Accepted:

@@ -69,13 +69,20 @@ def send(
         "session_id": session_id,
         "trace": trace.child_of(trace.current()),
     }
-    answer = _client(hub).post("/v1/tasks", {k: v for k, v in body.items() if v is not None})
+    answer = _client(hub).post(
+        "/v1/tasks", {k: v for k, v in body.items() if v is not None}, keys=_SUBMITTED
+    )
     return Submission(answer["task_id"], answer["status"])
+
+
+_SUBMITTED = ("task_id", "status")
+_VIEW = ("task_id", "status", "attempt_seq")
+_BROADCAST = ("broadcast_id", "complete", "reason", "succeeded", "results")
 
 
 def get_task(task_id: str, *, wait: float = 0.0, hub: str | None = None) -> dict[str, Any]:
     client = _client(hub, read_timeout=wait + 10)
-    return client.get(f"/v1/tasks/{task_id}", params={"wait": wait} if wait else None)
+    return client.get(f"/v1/tasks/{task_id}", params={"wait": wait} if wait else None, keys=_VIEW)
 
 
 def wait_for_result(task_id: str, timeout: float = 60.0, *, hub: str | None = None) -> TaskResult:
@@ -85,7 +92,9 @@ def wait_for_result(task_id: str, timeout: float = 60.0, *, hub: str | None = No
     while True:
         left = deadline - time.monotonic()
         view = client.get(
-            f"/v1/tasks/{task_id}", params={"wait": round(max(0.0, min(left, 30.0)), 3)}
+            f"/v1/tasks/{task_id}",
+            params={"wait": round(max(0.0, min(left, 30.0)), 3)},
+            keys=_VIEW,
         )
         if view["status"] in ("success", "failed", "dead", "cancelled"):
             return _outcome(view)
@@ -130,14 +139,29 @@ def report_result(
     code: int = 0,
     message: str = "",
     attempt_seq: int | None = None,
+    instance_id: str | None = None,
     hub: str | None = None,
 ) -> bool:
-    """Report the result of a task answered with 202; True if this report decided it."""
-    body = {"code": code, "data": data, "message": message, "attempt_seq": attempt_seq}
+    """Report the result of a task answered with 202; True if this report decided it.
+
+    The hub takes a report only for the attempt it waits on, from the instance that
+    attempt went to: ``attempt_seq`` is the delivery's, ``instance_id`` the agent's own
+    (``Agent.report_result`` fills both in). A report without them is refused (422); one
+    for an attempt or instance the task no longer waits on raises ``StaleReport``.
+    """
+    body = {
+        "code": code,
+        "data": data,
+        "message": message,
+        "attempt_seq": attempt_seq,
+        "instance_id": instance_id,
+    }
     answer = _client(hub).post(
-        f"/v1/tasks/{task_id}/result", {k: v for k, v in body.items() if v is not None}
+        f"/v1/tasks/{task_id}/result",
+        {k: v for k, v in body.items() if v is not None},
+        keys=("decided",),
     )
-    return bool(answer.get("decided"))
+    return bool(answer["decided"])
 
 
 def report_progress(
@@ -146,9 +170,18 @@ def report_progress(
     message: str = "",
     data: Any = None,
     *,
+    attempt_seq: int | None = None,
+    instance_id: str | None = None,
     hub: str | None = None,
 ) -> None:
-    body = {"progress": progress, "message": message, "data": data}
+    """Report progress of an accepted task; named like a result (see `report_result`)."""
+    body = {
+        "progress": progress,
+        "message": message,
+        "data": data,
+        "attempt_seq": attempt_seq,
+        "instance_id": instance_id,
+    }
     _client(hub).post(
         f"/v1/tasks/{task_id}/progress", {k: v for k, v in body.items() if v is not None}
     )
@@ -194,11 +227,15 @@ def broadcast(
         "timeout_ms": max(1, int(timeout * 1000)),
     }
     client = _client(hub, read_timeout=timeout + 15)
-    view = client.post("/v1/broadcasts", {k: v for k, v in body.items() if v is not None})
+    view = client.post(
+        "/v1/broadcasts", {k: v for k, v in body.items() if v is not None}, keys=_BROADCAST
+    )
     deadline = time.monotonic() + timeout
     while not view["complete"] and time.monotonic() < deadline:
         wait = round(max(0.0, min(deadline - time.monotonic(), 30.0)), 3)
-        view = client.get(f"/v1/broadcasts/{view['broadcast_id']}", params={"wait": wait})
+        view = client.get(
+            f"/v1/broadcasts/{view['broadcast_id']}", params={"wait": wait}, keys=_BROADCAST
+        )
     return BroadcastResult(
         view["broadcast_id"], view["complete"], view["reason"], view["succeeded"], view["results"]
     )

@@ -1,7 +1,9 @@
 """HTTP client for the hub, used by the SDK and the CLI.
 
-The edge where foreign exceptions stop: ``requests`` failures become ``HubUnavailable``
-and problem documents become the typed ``ReachError`` the hub raised.
+The edge where foreign exceptions stop: ``requests`` failures become ``HubUnavailable``,
+problem documents become the typed ``ReachError`` the hub raised, and a success status
+without the JSON object the API promises (a proxy's HTML page, a wrong URL, a truncated
+answer) is a ``ProtocolError`` -- never a ``KeyError`` in the caller.
 
 The caller's functions (``send``, ``wait_for_result`` ...) share one pooled session per
 process and hub (`shared_session`): a TCP (and TLS) handshake per call would cost more
@@ -18,7 +20,7 @@ from typing import Any
 import requests
 from requests.adapters import HTTPAdapter
 
-from reach.errors import HubUnavailable, error_for_problem
+from reach.errors import HubUnavailable, ProtocolError, error_for_problem
 
 DEFAULT_HUB_URL = "http://127.0.0.1:8800"
 
@@ -103,13 +105,21 @@ class HubClient:
         if not self.shared:  # the pooled session outlives its clients
             self._http.close()
 
-    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self._request("POST", path, json=body)
+    def post(
+        self, path: str, body: dict[str, Any], *, keys: tuple[str, ...] = ()
+    ) -> dict[str, Any]:
+        """POST ``body``; the answer must be a JSON object holding ``keys``."""
+        return self._request("POST", path, keys, json=body)
 
-    def get(self, path: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
-        return self._request("GET", path, params=params)
+    def get(
+        self, path: str, params: dict[str, Any] | None = None, *, keys: tuple[str, ...] = ()
+    ) -> dict[str, Any]:
+        """GET ``path``; the answer must be a JSON object holding ``keys``."""
+        return self._request("GET", path, keys, params=params)
 
-    def _request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+    def _request(
+        self, method: str, path: str, keys: tuple[str, ...], **kwargs: Any
+    ) -> dict[str, Any]:
         url = self.base_url + path
         try:
             resp = self._http.request(method, url, timeout=self.timeout, **kwargs)
@@ -119,8 +129,33 @@ class HubClient:
             raise HubUnavailable(f"hub at {self.base_url} is unreachable: {exc}") from exc
         if resp.status_code >= 400:
             raise error_for_problem(_json_or_empty(resp), resp.status_code)
-        body = _json_or_empty(resp)
-        return body
+        return _expected(resp, keys, f"{method} {self.base_url}{path}")
+
+
+def _expected(resp: requests.Response, keys: tuple[str, ...], what: str) -> dict[str, Any]:
+    """The JSON object of a success answer, or `ProtocolError` saying what came instead."""
+    kind = resp.headers.get("Content-Type") or "no content type"
+    try:
+        data = resp.json()
+    except ValueError:
+        raise ProtocolError(
+            f"{what} answered {resp.status_code} ({kind}) with a body that is not JSON: "
+            f"{resp.text[:200]!r}",
+            http_status=resp.status_code,
+        ) from None
+    if not isinstance(data, dict):
+        raise ProtocolError(
+            f"{what} answered {resp.status_code} with JSON {type(data).__name__}, not an object",
+            http_status=resp.status_code,
+        )
+    missing = [k for k in keys if k not in data]
+    if missing:
+        raise ProtocolError(
+            f"{what} answered {resp.status_code} without {', '.join(missing)}",
+            http_status=resp.status_code,
+            missing=missing,
+        )
+    return data
 
 
 def _json_or_empty(resp: requests.Response) -> dict[str, Any]:

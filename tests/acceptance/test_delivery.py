@@ -237,7 +237,17 @@ def test_late_results_first_wins_and_duplicates_are_recorded(stack: Stack, tmp_p
         assert reach.wait_for_result(sub.task_id, timeout=30, hub=stack.url).data == {
             "late": {"v": 1}
         }
-        assert reach.report_result(sub.task_id, {"other": True}, hub=stack.url) is False
+        done = stack.task(sub.task_id)  # a late report names the attempt it answers
+        assert (
+            reach.report_result(
+                sub.task_id,
+                {"other": True},
+                attempt_seq=done["attempt_seq"],
+                instance_id=done["instance_id"],
+                hub=stack.url,
+            )
+            is False
+        )
         assert stack.task(sub.task_id)["result"] == {"late": {"v": 1}}
         events = stack.events(sub.task_id)
         assert [e["kind"] for e in events] == [
@@ -285,9 +295,13 @@ def test_bad_submissions_are_refused_before_anything_is_queued(
         online(stack, "recorder")
         cases = [
             ({"method": "work.do", "agent_id": "nobody"}, 404, "no-suitable-agent"),
-            ({"method": "work.do"}, 422, "invalid-request"),
+            ({"method": "work.do"}, 422, "invalid-task-request"),
             ({"method": "work.undeclared", "agent_id": "recorder"}, 404, "no-suitable-agent"),
-            ({"method": "work.do", "agent_id": "recorder", "payload": [1]}, 422, "invalid-request"),
+            (
+                {"method": "work.do", "agent_id": "recorder", "payload": [1]},
+                422,
+                "invalid-task-request",
+            ),
         ]
         for body, status, slug in cases:
             r = requests.post(f"{stack.url}/v1/tasks", json=body, timeout=5)

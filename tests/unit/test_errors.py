@@ -155,3 +155,16 @@ def test_circuit_open_says_when_to_retry(extra: dict[str, Any], headers: dict[st
     assert error.headers() == headers
     rebuilt = error_for_problem(json.loads(json.dumps(error.to_problem())), 503)
     assert isinstance(rebuilt, CircuitOpen) and rebuilt.headers() == headers
+
+
+@pytest.mark.parametrize(
+    ("extra", "headers"),
+    [
+        ({}, {"Retry-After": "1"}),  # a database outage: come back soon
+        ({"retry_after": 4.5}, {"Retry-After": "5"}),
+    ],
+)
+def test_hub_unavailable_says_when_to_retry(extra: dict[str, Any], headers: dict[str, str]) -> None:
+    error = HubUnavailable("the hub's database is unavailable", **extra)
+    assert error.status == 503
+    assert error.headers() == headers

@@ -16,7 +16,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from reach.errors import (
     PROBLEM_TYPE_PREFIX,
+    DagError,
     InvalidRegistration,
+    InvalidTaskRequest,
     MalformedRequest,
     ReachError,
     RequestTooLarge,
@@ -24,6 +26,24 @@ from reach.errors import (
 
 PROBLEM_JSON = "application/problem+json"
 log = logging.getLogger("reach.hub.api")
+
+# Which error a request that fails validation is, by the resource its path names: a bad
+# task is not a bad registration. Agents and the registry's admin views keep
+# ``InvalidRegistration`` (``invalid-request``).
+_INVALID_BY_RESOURCE: tuple[tuple[str, type[ReachError]], ...] = (
+    ("/v1/tasks", InvalidTaskRequest),
+    ("/v1/broadcasts", InvalidTaskRequest),
+    ("/api/v1/dead-letters", InvalidTaskRequest),
+    ("/api/v1/dag-runs", DagError),
+)
+
+
+def invalid_request_type(path: str) -> type[ReachError]:
+    """The error type of a request to ``path`` whose body or parameters fail validation."""
+    for prefix, error in _INVALID_BY_RESOURCE:
+        if path == prefix or path.startswith(prefix + "/"):
+            return error
+    return InvalidRegistration
 
 
 def problem_response(error: ReachError, request: Request | None = None) -> JSONResponse:
@@ -52,9 +72,8 @@ def install_problem_handlers(app: FastAPI) -> None:
             )
         first = errors[0] if errors else {"loc": [], "msg": "invalid"}
         where = ".".join(str(p) for p in first["loc"] if p != "body") or "body"
-        return problem_response(
-            InvalidRegistration(f"{where}: {first['msg']}", errors=errors), request
-        )
+        invalid = invalid_request_type(request.url.path)
+        return problem_response(invalid(f"{where}: {first['msg']}", errors=errors), request)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
