@@ -13,6 +13,7 @@ from celery import shared_task
 
 from reach.hub import monitoring
 from reach.hub.probing import ProbePool, ProbeTarget, probe_once
+from reach.worker.sweeps import skip_when_unavailable
 
 log = logging.getLogger("reach.tasks.probing")
 
@@ -23,6 +24,7 @@ def probe_pool(size: int) -> ProbePool:
 
 
 @shared_task(name="reach.probe_sweep", ignore_result=True)
+@skip_when_unavailable
 def probe_sweep() -> dict[str, int]:
     from reach.worker.app import runtime
 
