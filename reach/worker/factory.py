@@ -1,7 +1,8 @@
 """Celery application factory: one place that turns Settings into Celery configuration.
 
 Delivery safety lives here: late acks, requeue when a worker dies mid-task, prefetch of
-one, and a Redis visibility timeout that is long against every countdown we schedule.
+one, a Redis visibility timeout that is long against every countdown we schedule,
+publisher confirms on AMQP, and a worker that reconnects to a returning broker at once.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 from celery import Celery
 
 from reach.hub.settings import Settings
+from reach.worker.beat_lock import CONFIG_KEY, BeatLockConfig
 
 TASK_MODULES = [
     "tasks.maintenance",
@@ -20,7 +22,9 @@ TASK_MODULES = [
     "tasks.dags",
 ]
 QUEUES = ("reach", "reach.probe")
+BEAT_SCHEDULER = "reach.worker.beat_lock:LeasedScheduler"  # one active beat (a lease)
 EMBEDDED_TRANSPORT = "reach.worker.embedded_broker:Transport"
+WORKER_CONSUMER = "reach.worker.consumer:Consumer"
 # Chord state (the header counter on Redis) lives as long as results do: a DAG run that
 # could outlive it would never run its next level, so runs are checked against it.
 RESULT_EXPIRES_S = 24 * 3600
@@ -43,6 +47,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "result_expires": RESULT_EXPIRES_S,
         "result_extended": True,
         "broker_connection_retry_on_startup": True,
+        # a worker waits out any broker outage, retrying each second (reach.worker.consumer)
+        "broker_connection_max_retries": None,
+        "worker_consumer": WORKER_CONSUMER,
         # Task events cost a Redis publish per task state on the hot path; Flower turns
         # them on in the workers it watches (its enable_events), so they stay off here.
         "worker_send_task_events": False,
@@ -50,12 +57,19 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_hijack_root_logger": False,
         "timezone": "UTC",
         "enable_utc": True,
+        "beat_scheduler": BEAT_SCHEDULER,
+        CONFIG_KEY: BeatLockConfig.from_settings(settings),
     }
     if broker.startswith("sqla+"):
         config["broker_transport"] = EMBEDDED_TRANSPORT
         config["broker_url"] = broker.removeprefix("sqla+")
     if broker.startswith(("redis://", "rediss://")):
         config["broker_transport_options"] = {"visibility_timeout": 3600}
+    if broker.startswith(("amqp://", "amqps://", "pyamqp://")):
+        # publisher confirms: a publish the broker did not take (it died with the message
+        # in a socket buffer, or refused it) raises, so the outbox row goes back to the
+        # relay instead of counting as published and waiting for the overdue net
+        config["broker_transport_options"] = {"confirm_publish": True}
     if config["result_backend"].startswith("db+"):
         config["database_engine_options"] = {"connect_args": {"timeout": 30}}
     return config

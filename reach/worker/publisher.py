@@ -47,7 +47,7 @@ class Publisher:
 
         Only asked of Redis and AMQP brokers: the embedded transport would open a new
         connection to its SQLite file on every relay tick, beside the workers' own."""
-        if not str(self.app.conf.broker_url or "").startswith(("redis", "amqp")):
+        if not str(self.app.conf.broker_url or "").startswith(("redis", "amqp", "pyamqp")):
             return None
         try:
             with self.app.connection_for_read() as conn:
