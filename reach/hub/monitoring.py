@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import func, or_, select, text
 from sqlalchemy.orm import Session
 
 from reach.core.health import InstanceStatus
@@ -26,10 +26,11 @@ from reach.hub import metrics
 from reach.hub.probing import ProbeOutcome, ProbeTarget
 from reach.hub.settings import Settings
 from reach.hub.storage.engine import skip_locked as _skip_locked
-from reach.hub.storage.models import InstanceEventRow, InstanceRow
+from reach.hub.storage.models import PROBED, InstanceEventRow, InstanceRow
 
 log = logging.getLogger("reach.hub.monitoring")
 _UNPROBED = (InstanceStatus.DEREGISTERED.value,)
+_SKIPPED_COUNT_CAP = 10_000  # the metric counts skipped probes; past this it only says "many"
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,23 +125,34 @@ def reassess(session: Session, row: InstanceRow, now: float, policy: Policy) -> 
 
 
 def claim_due_probes(session: Session, now: float, policy: Policy) -> tuple[list[ProbeTarget], int]:
-    """Lease up to the free probe slots among due instances; the rest are skipped (counted)."""
+    """Lease up to the free probe slots among due instances; the rest are skipped (counted).
+
+    Bounded whatever the fleet: the leases in use are counted on their index, the due
+    instances are read (most overdue first) only up to the free slots, through a partial
+    index that leaves deregistered instances out, and the skipped ones are counted up to
+    ``_SKIPPED_COUNT_CAP``."""
     in_use = (
         session.scalar(
             select(func.count()).select_from(InstanceRow).where(InstanceRow.probe_lease_until > now)
         )
         or 0
     )
-    due_query = (
-        select(InstanceRow)
-        .where(InstanceRow.status.not_in(_UNPROBED))
-        .where(InstanceRow.next_probe_at <= now)
-        .where(or_(InstanceRow.probe_lease_until.is_(None), InstanceRow.probe_lease_until <= now))
-        .order_by(InstanceRow.next_probe_at)
-    )
-    due = session.scalars(_skip_locked(session, due_query)).all()
     free = max(0, policy.probe_limit - in_use)
-    claimed, skipped = due[:free], len(due) - min(free, len(due))
+    conditions = (
+        text(PROBED),  # the partial index's own predicate, word for word
+        InstanceRow.next_probe_at <= now,
+        or_(InstanceRow.probe_lease_until.is_(None), InstanceRow.probe_lease_until <= now),
+    )
+    claimed: list[InstanceRow] = []
+    if free:
+        due = select(InstanceRow).where(*conditions).order_by(InstanceRow.next_probe_at)
+        claimed = list(session.scalars(_skip_locked(session, due.limit(free))))
+    waiting = session.scalar(
+        select(func.count()).select_from(
+            select(InstanceRow.instance_id).where(*conditions).limit(_SKIPPED_COUNT_CAP).subquery()
+        )
+    )
+    skipped = max(0, (waiting or 0) - len(claimed))
     lease = now + policy.probe_timeout + 5.0
     for row in claimed:
         row.probe_lease_until = lease

@@ -6,13 +6,15 @@ the transaction, so a refused request leaves nothing half-written.
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select
+from cachetools import LRUCache
+from sqlalchemy import ColumnElement, delete, exists, insert, or_, select
 from sqlalchemy.orm import Session
 
 from reach.core.breaker import BreakerState
@@ -27,10 +29,13 @@ from reach.errors import (
     UnknownInstance,
 )
 from reach.hub.monitoring import Policy, current, reassess
-from reach.hub.storage.models import AgentRow, InstanceRow
+from reach.hub.storage.models import AgentCapabilityRow, AgentRow, AgentTagRow, InstanceRow
 from reach.schemas import DeregisterRequest, HeartbeatRequest, RegisterRequest, RegisterResponse
 
 _LIVE = (InstanceStatus.ONLINE, InstanceStatus.DEGRADED, InstanceStatus.UNREACHABLE)
+# At most this many instances are judged per candidate load: the best by stored score
+# (routing takes one of the first two; a broadcast reaches at most this many).
+CANDIDATE_LIMIT = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +63,8 @@ def register(
     if agent is None:
         agent = AgentRow(agent_id=req.agent_id, created_at=now, updated_at=now, **declaration)
         session.add(agent)
+        session.flush()  # the agent row first: the declaration index refers to it
+        _index_declaration(session, req.agent_id, declaration)
     elif _declared(agent) != declaration:
         others = [i for i in live if i.instance_id != req.instance_id]
         if others:
@@ -70,6 +77,7 @@ def register(
         for key, value in declaration.items():
             setattr(agent, key, value)
         agent.updated_at = now
+        _index_declaration(session, req.agent_id, declaration)
 
     endpoint_url = reachable.url if public is None else endpoint.url
     instance_id = req.instance_id or uuid.uuid4().hex
@@ -218,9 +226,12 @@ def load_candidates(
         select(InstanceRow, AgentRow)
         .join(AgentRow, AgentRow.agent_id == InstanceRow.agent_id)
         .where(InstanceRow.status != InstanceStatus.DEREGISTERED.value)
+        .where(*prefilter(flt, method or None))
+        .order_by(
+            InstanceRow.routable.desc(), InstanceRow.reach_score.desc(), InstanceRow.instance_id
+        )
+        .limit(CANDIDATE_LIMIT)
     )
-    if flt.agent_id:
-        query = query.where(InstanceRow.agent_id == flt.agent_id)
     out = []
     for inst, agent in session.execute(query).all():
         declared = Declaration(
@@ -255,6 +266,31 @@ def load_candidates(
     return out
 
 
+def prefilter(flt: RouteFilter, method: str | None) -> list[ColumnElement[bool]]:
+    """SQL conditions on ``instances.agent_id`` that keep only agents which may be eligible.
+
+    Each uses an index (the agent's primary key, ``agent_tags``, ``agent_capabilities``),
+    so a hot path reads the agents its filter names, never the fleet. They are necessary
+    conditions of `reach.core.routing.eligibility` (metadata rules are left to it): the
+    rule itself stays the judge of every row they let through."""
+    agent = InstanceRow.agent_id
+    conditions: list[ColumnElement[bool]] = []
+    if flt.agent_id:
+        conditions.append(agent == flt.agent_id)
+    if flt.capability:
+        conditions.append(agent.in_(_declaring(flt.capability)))
+    for tag in flt.tags:
+        conditions.append(agent.in_(select(AgentTagRow.agent_id).where(AgentTagRow.tag == tag)))
+    if method:  # an agent that declares capabilities must declare the method
+        declares = exists().where(AgentCapabilityRow.agent_id == agent)
+        conditions.append(or_(agent.in_(_declaring(method)), ~declares))
+    return conditions
+
+
+def _declaring(capability: str) -> Any:
+    return select(AgentCapabilityRow.agent_id).where(AgentCapabilityRow.capability == capability)
+
+
 class CandidateCache:
     """Routing candidates per filter, reused for ``ttl`` seconds within one process.
 
@@ -262,26 +298,37 @@ class CandidateCache:
     of a delivery, and its inputs change by the second: heartbeats every few seconds,
     probes every 1-5 s. Reusing them for half a second saves that read on almost every
     delivery; a failed delivery or a breaker transition drops the cache at once.
+
+    At most ``maxsize`` filters are kept (least recently used go first): filters come
+    from submitted tasks (tags, metadata rules), so their number has no natural bound.
     """
 
-    def __init__(self, ttl: float) -> None:
+    def __init__(self, ttl: float, maxsize: int = 1024) -> None:
         self.ttl = ttl
-        self._entries: dict[tuple[RouteFilter, str | None], tuple[float, list[Candidate]]] = {}
+        self._entries: LRUCache[tuple[RouteFilter, str | None], tuple[float, list[Candidate]]]
+        self._entries = LRUCache(maxsize=maxsize)
+        self._lock = threading.Lock()  # an LRU read reorders: not safe across threads
 
     def get(
         self, session: Session, flt: RouteFilter, now: float, policy: Policy, method: str | None
     ) -> list[Candidate]:
         key = (flt, method)
-        hit = self._entries.get(key)
+        with self._lock:
+            hit = self._entries.get(key)
         if hit is not None and 0 <= now - hit[0] < self.ttl:
             return hit[1]
         found = load_candidates(session, flt, now, policy, method=method)
         if self.ttl > 0:
-            self._entries[key] = (now, found)
+            with self._lock:
+                self._entries[key] = (now, found)
         return found
 
+    def __len__(self) -> int:
+        return len(self._entries)
+
     def clear(self) -> None:
-        self._entries.clear()
+        with self._lock:
+            self._entries.clear()
 
 
 def instance_gauges(session: Session, now: float, policy: Policy) -> list[dict[str, Any]]:
@@ -370,6 +417,20 @@ def _declaration(req: RegisterRequest) -> dict[str, Any]:
     }
 
 
+def _index_declaration(session: Session, agent_id: str, declaration: dict[str, Any]) -> None:
+    """Rewrite the agent's rows in ``agent_tags`` / ``agent_capabilities`` (see `prefilter`)."""
+    session.execute(delete(AgentTagRow).where(AgentTagRow.agent_id == agent_id))
+    session.execute(delete(AgentCapabilityRow).where(AgentCapabilityRow.agent_id == agent_id))
+    tags = sorted(set(declaration["tags"]))
+    types = sorted({c["type"] for c in declaration["capabilities"]})
+    if tags:
+        session.execute(insert(AgentTagRow), [{"agent_id": agent_id, "tag": t} for t in tags])
+    if types:
+        session.execute(
+            insert(AgentCapabilityRow), [{"agent_id": agent_id, "capability": t} for t in types]
+        )
+
+
 def _declared(agent: AgentRow) -> dict[str, Any]:
     return {"tags": agent.tags, "capabilities": agent.capabilities, "meta": agent.meta}
 
@@ -395,9 +456,17 @@ def _check_endpoint_owner(
     now: float,
     missed_intervals: int,
 ) -> None:
-    """One live instance per reachable address; a restart of the same agent replaces it."""
+    """One live instance per reachable address; a restart of the same agent replaces it.
+
+    Only the instances at that address are read (the endpoint indexes), not the fleet."""
+    # two plain equalities, one index each (an IS NULL branch would read every instance
+    # without a public endpoint); the exact address rule is applied below
+    at_address = or_(
+        InstanceRow.public_endpoint == reachable_url, InstanceRow.endpoint == reachable_url
+    )
     rows = session.scalars(
         select(InstanceRow)
+        .where(at_address)
         .where(InstanceRow.instance_id != instance_id)
         .where(InstanceRow.status.in_([s.value for s in _LIVE]))
     ).all()

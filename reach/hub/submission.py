@@ -27,6 +27,7 @@ from reach.core.routing import Declaration, RouteFilter, eligibility
 from reach.core.statuses import InstanceStatus, TaskStatus
 from reach.errors import CircuitOpen, InvalidPayload, NoSuitableAgent, TaskConflict
 from reach.hub.delivery import VIEW_COLUMNS, task_view
+from reach.hub.registry import CANDIDATE_LIMIT, prefilter
 from reach.hub.storage.models import AgentRow, InstanceRow, OutboxRow, TaskEventRow, TaskRow
 from reach.schemas import SubmitRequest
 
@@ -162,29 +163,18 @@ def _check_target(session: Session, req: SubmitRequest, now: float) -> None:
     the rule delivery routes by) and accept the payload, and not every instance of the
     eligible agents may have its circuit breaker open.
 
-    One read: the matching agents with their live instances' breaker state."""
+    One indexed read (`registry.prefilter`: the agents the filter names, never the fleet)
+    of the matching agents with their live instances' breaker state, closed breakers first
+    and at most ``CANDIDATE_LIMIT`` instances; a second, as small, only to explain a refusal.
+    """
     flt = route_filter(req)
-    query = (
-        select(
-            AgentRow.agent_id,
-            AgentRow.tags,
-            AgentRow.capabilities,
-            AgentRow.meta,
-            InstanceRow.breaker_open_until,
-        )
-        .join(InstanceRow, InstanceRow.agent_id == AgentRow.agent_id)
-        .where(InstanceRow.status != InstanceStatus.DEREGISTERED)
-    )
-    if req.agent_id:
-        query = query.where(AgentRow.agent_id == req.agent_id)
     agents: dict[str, Any] = {}
     breakers: dict[str, list[float | None]] = {}
-    for agent in session.execute(query):  # plain rows: no ORM objects to build
+    for agent in session.execute(_targets(flt, req.method)):  # plain rows: no ORM objects
         agents[agent.agent_id] = agent
         breakers.setdefault(agent.agent_id, []).append(agent.breaker_open_until)
     schema_errors: list[str] = []
     matched: list[str] = []
-    undeclared: list[str] = []  # match the filter, but do not declare the method
     for agent in agents.values():
         types = {c["type"]: c for c in agent.capabilities}
         declared = Declaration(
@@ -195,8 +185,6 @@ def _check_target(session: Session, req: SubmitRequest, now: float) -> None:
         )
         found = eligibility(declared, flt, req.method)
         if found is None:
-            if eligibility(declared, flt, None) is not None:
-                undeclared.append(agent.agent_id)
             continue
         if found.capability is not None:
             schema = types[found.capability].get("params_schema") or {}
@@ -213,6 +201,17 @@ def _check_target(session: Session, req: SubmitRequest, now: float) -> None:
             f"payload does not satisfy params_schema of {req.method!r}: {schema_errors[0]}",
             errors=schema_errors,
         )
+    # the method's prefilter left out agents that match but lack it: name a few
+    undeclared: set[str] = set()
+    for agent in session.execute(_targets(flt, None, limit=_HINT_LIMIT)):
+        declared = Declaration(
+            agent_id=agent.agent_id,
+            tags=tuple(agent.tags),
+            capabilities=tuple(c["type"] for c in agent.capabilities),
+            metadata=tuple(agent.meta.items()),
+        )
+        if eligibility(declared, flt, None) and not eligibility(declared, flt, req.method):
+            undeclared.add(agent.agent_id)
     hint = (
         f"; {', '.join(sorted(undeclared))} match but declare no capability {req.method!r}"
         if undeclared
@@ -222,6 +221,27 @@ def _check_target(session: Session, req: SubmitRequest, now: float) -> None:
         f"no registered agent matches {flt.describe()} with method {req.method!r}{hint}",
         filter={k: v for k, v in target_of(req).items() if v},
         method=req.method,
+    )
+
+
+_HINT_LIMIT = 20
+
+
+def _targets(flt: RouteFilter, method: str | None, limit: int = CANDIDATE_LIMIT) -> Any:
+    """The live instances (with their agents' declarations) that may be eligible."""
+    return (
+        select(
+            AgentRow.agent_id,
+            AgentRow.tags,
+            AgentRow.capabilities,
+            AgentRow.meta,
+            InstanceRow.breaker_open_until,
+        )
+        .join(AgentRow, AgentRow.agent_id == InstanceRow.agent_id)
+        .where(InstanceRow.status != InstanceStatus.DEREGISTERED)
+        .where(*prefilter(flt, method))
+        .order_by(InstanceRow.breaker_open_until.asc().nulls_first(), InstanceRow.instance_id)
+        .limit(limit)
     )
 
 
