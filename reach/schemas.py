@@ -156,7 +156,7 @@ class SubmitRequest(WireModel):
     rules: dict[Annotated[str, Field(max_length=64)], MetadataValue] = Field(
         default_factory=dict, max_length=32, description="agent metadata that must match"
     )
-    timeout_ms: int = Field(30_000, ge=1, le=3_600_000)
+    timeout_ms: int = Field(30_000, ge=1, le=3_600_000, strict=True)  # `true` is no timeout
     session_id: Annotated[str, Field(max_length=128)] | None = None
     trace: TraceContext | None = None
 
@@ -169,21 +169,32 @@ class SubmitRequest(WireModel):
         return self
 
 
+AttemptSeq = Annotated[int, Field(ge=1, le=DB_INT_MAX)]
+
+
 class ResultReport(WireModel):
-    """``POST /v1/tasks/{id}/result``: the agent's late answer after a 202."""
+    """``POST /v1/tasks/{id}/result``: the agent's late answer after a 202.
+
+    It names the attempt it answers (``attempt_seq`` of the delivery) and the instance
+    that took it: the hub refuses a report for any other attempt or instance (409
+    ``stale-report``), so a stale copy or a stranger cannot decide the task.
+    """
 
     code: BusinessCode = 0
     data: Any = None
     message: str = Field("", max_length=10_000)
-    attempt_seq: Count | None = None
-    instance_id: InstanceId | None = None
+    attempt_seq: AttemptSeq
+    instance_id: InstanceId
 
 
 class ProgressReport(WireModel):
+    """``POST /v1/tasks/{id}/progress``: named like a result (see `ResultReport`)."""
+
     progress: float | None = Field(None, ge=0, le=1)
     message: str = Field("", max_length=10_000)
     data: Any = None
-    attempt_seq: Count | None = None
+    attempt_seq: AttemptSeq
+    instance_id: InstanceId
 
 
 class BroadcastRequest(WireModel):
@@ -197,10 +208,12 @@ class BroadcastRequest(WireModel):
     method: Method
     payload: dict[str, Any] = Field(default_factory=dict)
     min_results: int | None = Field(
-        None, ge=1, le=DB_INT_MAX, description="complete early with this many"
+        None, ge=1, le=DB_INT_MAX, strict=True, description="complete early with this many"
     )
-    timeout_ms: int = Field(30_000, ge=1, le=3_600_000)
-    max_retry: int = Field(0, ge=0, le=10, description="per target; a broadcast never waits long")
+    timeout_ms: int = Field(30_000, ge=1, le=3_600_000, strict=True)
+    max_retry: int = Field(
+        0, ge=0, le=10, strict=True, description="per target; a broadcast never waits long"
+    )
 
     @model_validator(mode="after")
     def _has_filter(self) -> BroadcastRequest:

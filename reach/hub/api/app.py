@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from reach.core.health import InstanceStatus
 from reach.hub import metrics, monitoring, registry
+from reach.hub.api import links
 from reach.hub.api.problems import BodyLimitMiddleware, install_problem_handlers
 from reach.hub.api.routes.broadcasts import broadcast_router
 from reach.hub.api.routes.dagruns import dag_router
@@ -90,7 +91,9 @@ def _agent_router(ctx: HubContext) -> APIRouter:
     router = APIRouter(prefix="/v1/agents", tags=["agents (agent-facing)"])
 
     @router.post(
-        "/register", response_model=RegisterResponse, responses={200: {}, 201: {}, 409: {}, 422: {}}
+        "/register",
+        response_model=RegisterResponse,
+        responses={**links.responses(links.REGISTERED, 200, 201), 409: {}, 422: {}},
     )
     def register(body: RegisterRequest, request: Request) -> JSONResponse:
         result = ctx.write(lambda s: registry.register(s, body, ctx.clock.now(), ctx.policy))

@@ -10,7 +10,9 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from reach.core.statuses import TERMINAL
+from reach.errors import TaskConflict
 from reach.hub import broadcast
+from reach.hub.api import links
 from reach.hub.api.longpoll import long_poll
 from reach.hub.context import HubContext
 from reach.hub.delivery import unmark_published
@@ -24,14 +26,18 @@ MAX_WAIT_S = 60.0
 def broadcast_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
     router = APIRouter(prefix="/v1/broadcasts", tags=["broadcasts"])
 
-    @router.post("", status_code=201, responses={404: {}, 422: {}})
+    @router.post(
+        "",
+        status_code=201,
+        responses={**links.responses(links.STARTED_BROADCAST, 201), 404: {}, 422: {}},
+    )
     def start(body: BroadcastRequest) -> JSONResponse:
         def work(session: Session) -> tuple[str, list[str]]:
             now = ctx.clock.now()
             row = broadcast.start(session, body, now, ctx.policy, published_at=now)
             return row.broadcast_id, [t["task_id"] for t in row.targets]
 
-        broadcast_id, task_ids = ctx.write(work)
+        broadcast_id, task_ids = ctx.write(work, conflict=TaskConflict)
         try:
             fan_out(ctx.publisher.app, task_ids).apply_async()
         except Exception:  # the broker is down: hand the attempts to the relay

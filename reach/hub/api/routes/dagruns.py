@@ -13,6 +13,7 @@ from reach.core import dags
 from reach.core.routing import RouteFilter, matches
 from reach.errors import DagError
 from reach.hub import dagruns, registry
+from reach.hub.api import links
 from reach.hub.context import HubContext
 from reach.worker.canvas import canvas
 from reach.worker.factory import RESULT_EXPIRES_S
@@ -28,7 +29,9 @@ class StartRun(BaseModel):
 def dag_router(ctx: HubContext) -> APIRouter:
     router = APIRouter(prefix="/api/v1/dag-runs", tags=["dags"])
 
-    @router.post("", status_code=201, responses={422: {}})
+    @router.post(
+        "", status_code=201, responses={**links.responses(links.STARTED_RUN, 201), 422: {}}
+    )
     def start(body: StartRun) -> JSONResponse:
         spec = dags.parse_dag(body.dag)
 
@@ -50,7 +53,7 @@ def dag_router(ctx: HubContext) -> APIRouter:
 
         plan = dags.compile_plan(spec)
         dagruns.check_fits_chord_lifetime(spec, plan, RESULT_EXPIRES_S)
-        run_id = ctx.write(work)
+        run_id = ctx.write(work, conflict=DagError)
         try:
             canvas(ctx.publisher.app, run_id, plan).apply_async()
         except Exception as exc:  # broker down: the run exists but cannot start

@@ -12,8 +12,9 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from reach.core.statuses import TERMINAL, TaskStatus
-from reach.errors import UnknownTask
+from reach.errors import StaleReport, TaskConflict, UnknownTask
 from reach.hub import deadletters, delivery, submission
+from reach.hub.api import links
 from reach.hub.api.longpoll import long_poll
 from reach.hub.context import HubContext
 from reach.hub.delivery import Publish
@@ -29,7 +30,11 @@ MAX_WAIT_S = 60.0
 def task_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
     router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
 
-    @router.post("", status_code=201, responses={200: {}, 404: {}, 409: {}, 422: {}})
+    @router.post(
+        "",
+        status_code=201,
+        responses={**links.responses(links.SUBMITTED, 200, 201), 404: {}, 409: {}, 422: {}},
+    )
     async def submit(
         body: SubmitRequest, wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 0.0
     ) -> JSONResponse:
@@ -47,7 +52,7 @@ def task_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
                     session, body, now, published_at=now, look_first=attempts > 1
                 )
 
-            return ctx.write(work)
+            return ctx.write(work, conflict=TaskConflict)
 
         view, created = await run_in_threadpool(accept)
         status = 201 if created else 200
@@ -86,9 +91,12 @@ def task_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
             carried=True,
         )
 
-    @router.post("/{task_id}/result", responses={404: {}})
+    @router.post("/{task_id}/result", responses={404: {}, 409: {}})
     def report_result(task_id: str, body: ResultReport) -> dict[str, Any]:
-        def work(session: Session) -> dict[str, Any]:
+        """The agent's answer after a 202, for the attempt and instance it names: any
+        other attempt or instance is refused (409 ``stale-report``) and recorded."""
+
+        def work(session: Session) -> dict[str, Any] | StaleReport:
             decided = delivery.record_report(
                 session,
                 task_id,
@@ -99,17 +107,34 @@ def task_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
                 attempt_seq=body.attempt_seq,
                 instance_id=body.instance_id,
             )
+            if isinstance(decided, StaleReport):
+                return decided  # raised below, once its record is committed
             if decided and body.code == 0:
                 return {"task_id": task_id, "decided": True, "status": "success"}
             status = session.scalar(select(TaskRow.status).where(TaskRow.task_id == task_id))
             return {"task_id": task_id, "decided": decided, "status": status}
 
-        return ctx.write(work)
+        answer = ctx.write(work, conflict=TaskConflict)
+        if isinstance(answer, StaleReport):
+            raise answer
+        return answer
 
-    @router.post("/{task_id}/progress", responses={404: {}})
+    @router.post("/{task_id}/progress", responses={404: {}, 409: {}})
     def report_progress(task_id: str, body: ProgressReport) -> dict[str, Any]:
-        detail = body.model_dump(exclude_none=True)
-        ctx.write(lambda s: delivery.report_progress(s, task_id, detail, ctx.clock.now()))
+        detail = body.model_dump(exclude_none=True, exclude={"attempt_seq", "instance_id"})
+        refused = ctx.write(
+            lambda s: delivery.report_progress(
+                s,
+                task_id,
+                detail,
+                ctx.clock.now(),
+                attempt_seq=body.attempt_seq,
+                instance_id=body.instance_id,
+            ),
+            conflict=TaskConflict,
+        )
+        if refused is not None:
+            raise refused
         return {"task_id": task_id, "recorded": True}
 
     @router.get("/{task_id}/events", responses={404: {}})
@@ -158,7 +183,9 @@ def dead_letter_router(ctx: HubContext) -> APIRouter:
 
     @router.post("/{dead_id}/replay", responses={404: {}, 409: {}})
     def replay(dead_id: DeadLetterId) -> dict[str, Any]:
-        item = ctx.write(lambda s: deadletters.replay(s, dead_id, ctx.clock.now()))
+        item = ctx.write(
+            lambda s: deadletters.replay(s, dead_id, ctx.clock.now()), conflict=TaskConflict
+        )
         ctx.publish_attempts([item])
         return {
             "dead_letter_id": dead_id,
