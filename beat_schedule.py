@@ -34,4 +34,17 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
             "schedule": probe_tick,
             "options": {"expires": probe_tick, "queue": PROBE_QUEUE},
         },
+        # finished records past retention.days, long-offline instances (in short batches)
+        "reach.retention-sweep": {
+            "task": "reach.retention_sweep",
+            "schedule": settings.retention.sweep_interval_s,
+            "options": {"expires": settings.retention.sweep_interval_s},
+        },
+        # DAG runs whose chord died (messages lost with a worker or a broker): resumed or
+        # failed with a stated reason, never left running
+        "reach.dag-sweep": {
+            "task": "reach.dag_sweep",
+            "schedule": settings.dags.sweep_interval,
+            "options": {"expires": settings.dags.sweep_interval},
+        },
     }

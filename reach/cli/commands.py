@@ -93,6 +93,8 @@ def api(
         raise typer.Exit(2)
     ctx = HubContext.from_settings(settings)
     bind = host or settings.server.host
+    from reach.hub.api.serve import KEEP_ALIVE_S, serve_together
+
     if settings.server.admin_port is None:
         uvicorn.run(
             create_app(ctx),
@@ -100,10 +102,10 @@ def api(
             port=port or settings.server.port,
             log_level="info",
             access_log=False,
+            timeout_keep_alive=KEEP_ALIVE_S,
         )
         return
     from reach.hub.api.app import Surface
-    from reach.hub.api.serve import serve_together
 
     serve_together(
         [
@@ -165,15 +167,22 @@ def bench(ctx: typer.Context) -> None:
 
 @app.command()
 def beat(loglevel: Annotated[str, typer.Option(help="Log level")] = "INFO") -> None:
-    """Run Celery beat with the schedule in beat_schedule.py (run exactly one)."""
-    settings = _settings()
-    from reach.worker.app import app as celery_app
+    """Run Celery beat with the schedule in beat_schedule.py.
 
-    home = settings.storage.home_path
-    home.mkdir(parents=True, exist_ok=True)
-    celery_app.start(
-        ["beat", f"--loglevel={loglevel}", f"--schedule={home / 'celerybeat-schedule'}"]
-    )
+    Start as many as you like: one holds the beat lock in the hub's database and sends,
+    the others stand by and take over when it dies (reach.worker.beat_lock).
+    """
+    from reach.hub.storage.engine import database_revision_problem
+
+    settings = _settings()
+    problem = database_revision_problem(settings.storage.resolved_database_url)
+    if problem:  # the lock lives in the database
+        err_console.print(f"[red]database not ready:[/red] {problem}")
+        raise typer.Exit(2)
+    from reach.worker.app import app as celery_app
+    from reach.worker.factory import BEAT_SCHEDULER
+
+    celery_app.start(["beat", f"--loglevel={loglevel}", f"--scheduler={BEAT_SCHEDULER}"])
 
 
 @app.command()

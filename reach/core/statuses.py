@@ -13,7 +13,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Final
 
-__all__ = ["LIVE", "TERMINAL", "InstanceStatus", "NodeStatus", "TaskStatus"]
+__all__ = ["LIVE", "TERMINAL", "DagRunStatus", "InstanceStatus", "NodeStatus", "TaskStatus"]
 
 
 class TaskStatus(StrEnum):
@@ -56,3 +56,12 @@ class NodeStatus(StrEnum):
     FAILED = "failed"
     SKIPPED = "skipped"
     TIMEOUT = "timeout"
+
+
+class DagRunStatus(StrEnum):
+    """Where a DAG run is: ``running`` until its closing task (or the beat sweep, when its
+    chord died) settles it as ``success`` or ``failed`` with a stated reason."""
+
+    RUNNING = "running"
+    SUCCESS = "success"
+    FAILED = "failed"

@@ -192,6 +192,50 @@ class ScoreSettings(_Section):
         return self
 
 
+class BeatSettings(_Section):
+    """The beat lock: one beat sends periodic tasks, the others stand by (``reach.hub.leases``).
+
+    A standby takes over at most ``lock_lease_s + lock_poll_s`` after the active beat died.
+    """
+
+    lock_lease_s: float = Field(15.0, gt=0, le=3600, description="the active beat's lease")
+    lock_renew_s: float = Field(5.0, gt=0, description="the active beat renews this often")
+    lock_poll_s: float = Field(2.0, gt=0, le=3600, description="a standby asks this often")
+
+    @field_validator("lock_renew_s")
+    @classmethod
+    def _renew_within_lease(cls, value: float, info: ValidationInfo) -> float:
+        lease = info.data.get("lock_lease_s")
+        if lease is not None and value >= lease:
+            raise ValueError("lock_renew_s must be shorter than lock_lease_s")
+        return value
+
+
+class DagSettings(_Section):
+    """The beat sweep of DAG runs whose canvas died (``reach.core.dags.sweep``)."""
+
+    sweep_interval: float = Field(5.0, gt=0, le=3600, description="seconds between sweeps")
+    sweep_margin: float = Field(
+        30.0,
+        ge=0,
+        le=86400,
+        description="slack past a run's bounds (queueing, polls) before the sweep acts",
+    )
+
+
+class RetentionSettings(_Section):
+    """The beat clean-up (``reach.hub.retention``): finished records older than ``days`` go,
+    in batches of ``batch_size`` rows, at most ``batches`` per kind of record each sweep."""
+
+    days: float = Field(30.0, gt=0, description="finished records older than this are deleted")
+    sweep_interval_s: float = Field(300.0, gt=0, le=86400, description="seconds between sweeps")
+    offline_instance_hours: float = Field(
+        24.0, gt=0, description="an instance offline this long is removed (no longer probed)"
+    )
+    batch_size: int = Field(500, ge=1, le=10_000, description="rows per delete statement")
+    batches: int = Field(4, ge=1, le=1000, description="delete statements per kind per sweep")
+
+
 class Settings(BaseSettings):
     """Every section of the hub's configuration.
 
@@ -210,6 +254,9 @@ class Settings(BaseSettings):
     probe: ProbeSettings = ProbeSettings()
     router: RouterSettings = RouterSettings()
     score: ScoreSettings = ScoreSettings()
+    retention: RetentionSettings = RetentionSettings()
+    dags: DagSettings = DagSettings()
+    beat: BeatSettings = BeatSettings()
 
     @classmethod
     def settings_customise_sources(
