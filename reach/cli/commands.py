@@ -132,21 +132,30 @@ def worker(
             help="prefork: a child process per slot; threads: many slots in one; solo: one"
         ),
     ] = WorkerPool.PREFORK,
+    hostname: Annotated[
+        str | None,
+        typer.Option(
+            "--hostname",
+            "-n",
+            help="Celery node name (e.g. w1@%h); each worker on one machine needs its own",
+        ),
+    ] = None,
 ) -> None:
     """Run a Celery worker (delivery, probing, sweeps)."""
     _settings()
     from reach.worker.app import app as celery_app
 
-    celery_app.worker_main(
-        [
-            "worker",
-            f"--concurrency={concurrency}",
-            f"--pool={pool.value}",
-            "-Q",
-            queues,
-            f"--loglevel={loglevel}",
-        ]
-    )
+    argv = [
+        "worker",
+        f"--concurrency={concurrency}",
+        f"--pool={pool.value}",
+        "-Q",
+        queues,
+        f"--loglevel={loglevel}",
+    ]
+    if hostname:
+        argv.append(f"--hostname={hostname}")
+    celery_app.worker_main(argv)
 
 
 @app.command(

@@ -23,6 +23,7 @@ a request beyond it is answered 429 at once (backpressure), never queued invisib
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -47,7 +48,12 @@ from reach.errors import (
 )
 from reach.schemas import Capability, DeregisterRequest, HeartbeatRequest, RegisterRequest
 from reach.sdk import trace
-from reach.sdk.dedup import DEFAULT_MAX_BYTES, DEFAULT_TTL_S, IdempotencyGuard
+from reach.sdk.dedup import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_TTL_S,
+    IdempotencyGuard,
+    SqliteIdempotencyGuard,
+)
 from reach.sdk.dispatch import Reply, TaskCall, dispatch
 from reach.sdk.hub_client import HubClient
 
@@ -82,7 +88,11 @@ class Agent:
         instance_id: str | None = None,
         dedup_max_bytes: int = DEFAULT_MAX_BYTES,
         dedup_ttl: float = DEFAULT_TTL_S,
+        dedup_store: str | os.PathLike[str] | None = None,
+        dedup: IdempotencyGuard | None = None,
     ) -> None:
+        """``dedup_store``: a SQLite file that keeps answers across restarts (one process
+        per file), instead of memory; ``dedup``: a guard of your own (bounds included)."""
         if not addr:
             raise InvalidRegistration("addr is required: the host:port the agent binds to")
         try:
@@ -118,7 +128,15 @@ class Agent:
         self.hub = HubClient(hub)
         self._routes: dict[str, Handler] = {}
         # Answers kept for redeliveries: bounded in total bytes and in age, not only count.
-        self.dedup = IdempotencyGuard(max_bytes=dedup_max_bytes, ttl=dedup_ttl)
+        if dedup is not None and dedup_store is not None:
+            raise ValueError("pass dedup or dedup_store, not both")
+        if dedup is None:
+            dedup = (
+                SqliteIdempotencyGuard(dedup_store, max_bytes=dedup_max_bytes, ttl=dedup_ttl)
+                if dedup_store is not None
+                else IdempotencyGuard(max_bytes=dedup_max_bytes, ttl=dedup_ttl)
+            )
+        self.dedup = dedup
         self._lock = threading.Lock()
         # task_id -> attempt_seq of the latest delivery this instance answered (bounded)
         self._attempts: LRUCache[str, int] = LRUCache(maxsize=REMEMBERED_ATTEMPTS)
