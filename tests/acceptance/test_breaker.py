@@ -27,7 +27,9 @@ STACK_SETTINGS = {
     "REACH_ROUTER__BREAKER_TRIAL_INTERVAL": str(TRIAL_INTERVAL),
     "REACH_ROUTER__BACKOFF_BASE": "0.05",
     "REACH_ROUTER__BACKOFF_CAP": "0.3",
-    "REACH_ROUTER__MAX_RETRY": "60",  # accepted tasks keep wanting the agent while it is open
+    # accepted tasks keep wanting the agent while it is open (and, on a loaded machine, until
+    # a trial after the heal closes it: the result must still arrive within 30 s)
+    "REACH_ROUTER__MAX_RETRY": "100",
     "REACH_ROUTER__CONNECT_TIMEOUT": "0.5",
     "REACH_ROUTER__READ_TIMEOUT": "3",
     # The SDK agent also reports its consecutive handler failures, which take it out of the
