@@ -24,6 +24,7 @@ import requests
 from sqlalchemy import Engine, MetaData, select
 
 from reach.hub.storage import create_engine_for, upgrade_database
+from tests.support import processes
 
 REPO = Path(__file__).resolve().parent.parent
 PG_ADMIN_DSN = os.environ.get(
@@ -397,18 +398,10 @@ class AgentProcess:
             self.proc = subprocess.Popen(self.args, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        processes.kill(self.proc)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        processes.stop(self.proc)
 
     def executions(self) -> list[str]:
         if not self.log.exists():

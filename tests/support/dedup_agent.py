@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tests.support import processes
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -54,17 +56,10 @@ class DedupAgentProcess:
             )
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        processes.kill(self.proc)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        processes.stop(self.proc)
 
     def lines(self, kind: str) -> list[list[str]]:
         return journal_lines(self.journal, kind)
