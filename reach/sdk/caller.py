@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from reach.core.statuses import TERMINAL
 from reach.errors import BusinessError, DeadLettered, ReachError, ResultTimeout
 from reach.sdk import trace
 from reach.sdk.hub_client import HubClient
@@ -96,7 +97,7 @@ def wait_for_result(task_id: str, timeout: float = 60.0, *, hub: str | None = No
             params={"wait": round(max(0.0, min(left, 30.0)), 3)},
             keys=_VIEW,
         )
-        if view["status"] in ("success", "failed", "dead", "cancelled"):
+        if view["status"] in TERMINAL:
             return _outcome(view)
         if time.monotonic() >= deadline:
             raise ResultTimeout(
