@@ -28,6 +28,9 @@
     │   └── ProtocolError           the hub answered 2xx without the JSON it promises
     ├── DagError
     ├── SecurityError
+    │   ├── Unauthenticated         no valid credential (missing, unknown, expired, revoked)
+    │   ├── Forbidden               a valid credential outside its scope, agent or allow-list
+    │   └── InvalidReachToken       a delivery's token is forged, expired, replayed or not ours
     ├── LoopDetected
     └── SessionClosed
 
@@ -318,6 +321,33 @@ class SecurityError(ReachError):
     slug = "security-error"
     status = 403
     title = "Forbidden"
+
+
+class Unauthenticated(SecurityError):
+    """No valid credential: missing, malformed, unknown, expired or revoked."""
+
+    slug = "unauthenticated"
+    status = 401
+    title = "Unauthenticated"
+
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": 'Bearer realm="agent-reach"'}
+
+
+class Forbidden(SecurityError):
+    """A valid credential asked for something outside its scope, agent or allow-list."""
+
+    slug = "forbidden"
+    status = 403
+    title = "Forbidden"
+
+
+class InvalidReachToken(SecurityError):
+    """A delivery's reach token is forged, expired, replayed or meant for someone else."""
+
+    slug = "invalid-reach-token"
+    status = 401
+    title = "Invalid reach token"
 
 
 class LoopDetected(ReachError):

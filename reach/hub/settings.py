@@ -236,6 +236,37 @@ class RetentionSettings(_Section):
     batches: int = Field(4, ge=1, le=1000, description="delete statements per kind per sweep")
 
 
+class TlsSettings(_Section):
+    """The hub's side of mutual TLS with L1 agents (``reach certs init`` writes these files
+    under ``storage.home/certs``; empty values mean those defaults)."""
+
+    ca_cert: str | None = Field(None, description="the hub CA that signs agent certificates")
+    client_cert: str | None = Field(None, description="the certificate the hub presents")
+    client_key: str | None = Field(None, description="its private key")
+
+
+class SecuritySettings(_Section):
+    """Who may reach whom (README, "Security").
+
+    ``require_auth`` unset means: required whenever the API listens beyond loopback
+    (``reach.core.auth.auth_required``); the loopback-only demo may run open.
+    """
+
+    require_auth: bool | None = Field(None, description="API keys required; unset: by bind")
+    issuer: str = Field("agent-reach", min_length=1, max_length=256, description="tokens' iss")
+    token_ttl_s: float = Field(
+        300.0, ge=5, le=900, description="a reach token's lifetime (at most 15 min)"
+    )
+    sign_deliveries: bool = Field(True, description="a hub-signed token on every delivery")
+    signing_rotation_grace_s: float = Field(
+        300.0, ge=0, le=86400, description="a rotated signing key is published this long first"
+    )
+    l3_max_payload_bytes: int = Field(
+        65_536, ge=256, description="the payload cap of reaches to or from an L3 agent"
+    )
+    tls: TlsSettings = TlsSettings()
+
+
 class Settings(BaseSettings):
     """Every section of the hub's configuration.
 
@@ -257,6 +288,7 @@ class Settings(BaseSettings):
     retention: RetentionSettings = RetentionSettings()
     dags: DagSettings = DagSettings()
     beat: BeatSettings = BeatSettings()
+    security: SecuritySettings = SecuritySettings()
 
     @classmethod
     def settings_customise_sources(

@@ -182,6 +182,8 @@ class TaskRow(Base):
     finished_at: Mapped[float | None] = mapped_column(Double, nullable=True, index=True)
     callback_url: Mapped[str | None] = mapped_column(String(512), nullable=True)
     max_retry: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # the authenticated identity that submitted it (``reach.core.auth.Principal.identity``)
+    caller: Mapped[str | None] = mapped_column(String(160), nullable=True)
 
 
 class TaskEventRow(Base):
@@ -195,6 +197,8 @@ class TaskEventRow(Base):
     kind: Mapped[str] = mapped_column(String(32))
     detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     at: Mapped[float] = mapped_column(Double)
+    # who caused it: a caller, agent or admin identity, or ``hub`` for the hub's own steps
+    actor: Mapped[str | None] = mapped_column(String(160), nullable=True)
 
 
 class OutboxRow(Base):
@@ -246,6 +250,7 @@ class DagRunRow(Base):
     created_at: Mapped[float] = mapped_column(Double)
     updated_at: Mapped[float] = mapped_column(Double)
     finished_at: Mapped[float | None] = mapped_column(Double, nullable=True, index=True)
+    caller: Mapped[str | None] = mapped_column(String(160), nullable=True)
 
 
 class DagNodeRunRow(Base):
@@ -276,6 +281,7 @@ class BroadcastRow(Base):
     min_results: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[float] = mapped_column(Double)
     deadline: Mapped[float] = mapped_column(Double, index=True)
+    caller: Mapped[str | None] = mapped_column(String(160), nullable=True)
 
 
 class LeaseRow(Base):
@@ -287,3 +293,63 @@ class LeaseRow(Base):
     holder: Mapped[str | None] = mapped_column(String(255), nullable=True)
     expires_at: Mapped[float] = mapped_column(Double)
     acquired_at: Mapped[float] = mapped_column(Double)
+
+
+class ApiKeyRow(Base):
+    """A hub credential: its id and the SHA-256 of its secret (the secret is never stored)."""
+
+    __tablename__ = "api_keys"
+
+    key_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), default="", server_default="")
+    scope: Mapped[str] = mapped_column(String(16))
+    agent_pattern: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    secret_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[float] = mapped_column(Double)
+    expires_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    revoked_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+
+
+class SigningKeyRow(Base):
+    """A key that signs reach tokens: it signs from ``not_before`` until a newer key takes
+    over, and stays published in the JWKS until ``retire_after``."""
+
+    __tablename__ = "signing_keys"
+
+    kid: Mapped[str] = mapped_column(String(64), primary_key=True)
+    algorithm: Mapped[str] = mapped_column(String(16))
+    private_pem: Mapped[str] = mapped_column(Text)
+    public_jwk: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[float] = mapped_column(Double)
+    not_before: Mapped[float] = mapped_column(Double)
+    retire_after: Mapped[float | None] = mapped_column(Double, nullable=True)
+
+
+class AgentAllowRuleRow(Base):
+    """One entry of an L3 agent's allow-list: ``call`` (a capability or method pattern it
+    may reach) or ``callable_by`` (an agent ID or identity that may reach it)."""
+
+    __tablename__ = "agent_allow_rules"
+    __table_args__ = (UniqueConstraint("agent_id", "kind", "value", name="uq_agent_allow_rule"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    agent_id: Mapped[str] = mapped_column(String(128))
+    kind: Mapped[str] = mapped_column(String(16))
+    value: Mapped[str] = mapped_column(String(160))
+    created_at: Mapped[float] = mapped_column(Double)
+    created_by: Mapped[str] = mapped_column(String(160), default="", server_default="")
+
+
+class AuditRow(Base):
+    """A security-relevant act: an admin change, an L3 reach, a refused attempt."""
+
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[float] = mapped_column(Double, index=True)
+    actor: Mapped[str] = mapped_column(String(160))
+    action: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str] = mapped_column(String(160), default="", server_default="")
+    outcome: Mapped[str] = mapped_column(String(16))
+    task_id: Mapped[str | None] = mapped_column(String(128), nullable=True, index=True)
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
