@@ -78,6 +78,18 @@ def test_compose_services_healthchecks_env_and_commands() -> None:
         assert deps["postgres"]["condition"] == "service_healthy", name
     assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
 
+    # Production runs with authentication on and its first keys made by a one-shot step.
+    for name in REACH_SERVICES:
+        assert services[name]["environment"]["REACH_SECURITY__REQUIRE_AUTH"] == "true", name
+    init = services["security-init"]
+    assert init["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    script = " ".join(_argv(init["command"]))
+    assert "reach keys create --scope admin" in script
+    assert "reach certs init" in script
+    for name in ("api", "worker", "beat"):
+        deps = services[name]["depends_on"]
+        assert deps["security-init"]["condition"] == "service_completed_successfully", name
+
     worker_check = " ".join(_argv(services["worker"]["healthcheck"]["test"]))
     assert "celery -A reach.worker.app inspect ping" in worker_check
     api_check = " ".join(_argv(services["api"]["healthcheck"]["test"]))
