@@ -1,0 +1,256 @@
+"""``reach keys``: API keys and the hub's signing keys, managed on the hub host.
+
+These commands work on the store the settings name, like ``reach db upgrade``, not
+through the API: whoever holds the hub's database already holds every key, and the first
+admin key has to come from somewhere. A secret is printed once, by ``create``, on the
+last line of stdout (``--json``: one object with ``secret``); nothing else ever shows it.
+
+Exit codes: 0 done, 2 bad input (or a store that is not ready), 1 refused (an unknown key).
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy.orm import Session
+
+from reach.core.auth import Scope, parse_secret
+from reach.errors import ConfigError, ReachError
+
+keys_app = typer.Typer(
+    help="API keys and the hub's signing keys (run on the hub host).", no_args_is_help=True
+)
+console = Console()
+err_console = Console(stderr=True, soft_wrap=True)
+
+BAD_INPUT = 2
+REFUSED = 1
+DAY_S = 86_400.0
+_KEY_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
+
+
+def _die(message: str, code: int) -> NoReturn:
+    err_console.print(message, markup=False, highlight=False)
+    raise typer.Exit(code)
+
+
+def _actor() -> str:
+    """Who the audit log names for a change made here: the operator's login on this host."""
+    try:
+        return f"cli:{getpass.getuser()}"
+    except Exception:  # no login name (a container without a passwd entry)
+        return "cli"
+
+
+@contextmanager
+def _store() -> Iterator[Session]:
+    """One transaction on the hub's store; refuses (exit 2) a store that is not migrated."""
+    from reach.hub.settings import load_settings
+    from reach.hub.storage import create_engine_for, session_factory
+    from reach.hub.storage.engine import database_revision_problem
+
+    try:
+        settings = load_settings()
+    except ConfigError as exc:
+        _die(f"configuration error: {exc}", BAD_INPUT)
+    url = settings.storage.resolved_database_url
+    problem = database_revision_problem(url)
+    if problem:
+        _die(f"database not ready: {problem}", BAD_INPUT)
+    engine = create_engine_for(url)
+    try:
+        with session_factory(engine).begin() as session:
+            yield session
+    finally:
+        engine.dispose()
+
+
+def _when(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+@keys_app.command("create")
+def create(
+    scope: Annotated[
+        Scope,
+        typer.Option(
+            "--scope", case_sensitive=False, help="admin, caller, agent or viewer (read-only)"
+        ),
+    ],
+    agent_id: Annotated[
+        str | None,
+        typer.Option(
+            "--agent-id", help="The agent ID (or glob, e.g. 'doc-*') an agent key speaks for"
+        ),
+    ] = None,
+    name: Annotated[str, typer.Option("--name", help="A label, e.g. who holds the key")] = "",
+    expires_in: Annotated[
+        float | None, typer.Option("--expires-in", help="Days until the key expires")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
+) -> None:
+    """Create an API key; its secret is printed once, on the last line."""
+    from reach.hub import apikeys, audit
+
+    if scope is Scope.AGENT and not (agent_id or "").strip():
+        _die("--scope agent needs --agent-id (an agent ID or a glob such as 'doc-*')", BAD_INPUT)
+    if scope is not Scope.AGENT and agent_id is not None:
+        _die(f"--agent-id is only for --scope agent, not {scope.value}", BAD_INPUT)
+    if expires_in is not None and not expires_in > 0:
+        _die("--expires-in must be a positive number of days", BAD_INPUT)
+    now = time.time()
+    try:
+        with _store() as session:
+            key = apikeys.create_key(
+                session,
+                scope=scope,
+                agent_pattern=agent_id,
+                name=name,
+                expires_in_s=expires_in * DAY_S if expires_in is not None else None,
+                now=now,
+            )
+            audit.record(
+                session,
+                actor=_actor(),
+                action="key.create",
+                outcome=audit.ALLOWED,
+                now=now,
+                target=f"key:{key.key_id}",
+                detail={"scope": key.scope.value, "agent_pattern": key.agent_pattern},
+            )
+    except ValueError as exc:  # a combination create_key refuses (too long a name ...)
+        _die(str(exc), BAD_INPUT)
+    except ReachError as exc:
+        _die(f"{type(exc).__name__}: {exc}", REFUSED)
+    view = {
+        "key_id": key.key_id,
+        "name": key.name,
+        "scope": key.scope.value,
+        "agent_pattern": key.agent_pattern,
+        "created_at": now,
+        "expires_at": key.expires_at,
+    }
+    if as_json:
+        print(json.dumps({**view, "secret": key.secret}))
+        return
+    agent = f", for agent {key.agent_pattern}" if key.agent_pattern else ""
+    print(f"created {key.scope.value} key {key.key_id}{agent}, expires {_when(key.expires_at)}")
+    print("its secret follows, shown this once (the hub keeps only a hash):")
+    print(key.secret)
+
+
+@keys_app.command("list")
+def list_(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
+) -> None:
+    """List API keys (never their secrets)."""
+    from reach.hub import apikeys
+
+    with _store() as session:
+        views = apikeys.list_keys(session, time.time())
+    if as_json:
+        print(json.dumps({"keys": views}, indent=2))
+        return
+    console.print(keys_table(views))
+
+
+def keys_table(views: list[dict[str, Any]]) -> Table:
+    table = Table(title="API keys")
+    for column in ("key id", "name", "scope", "agent", "created", "expires", "state"):
+        table.add_column(column)
+    style = {"active": "green", "expired": "yellow", "revoked": "bright_black"}
+    for v in views:
+        table.add_row(
+            v["key_id"],
+            v["name"] or "-",
+            v["scope"],
+            v["agent_pattern"] or "-",
+            _when(v["created_at"]),
+            _when(v["expires_at"]),
+            f"[{style.get(v['state'], 'white')}]{v['state']}[/]",
+        )
+    return table
+
+
+@keys_app.command("revoke")
+def revoke(
+    key_id: Annotated[str, typer.Argument(help="The key's id (see `reach keys list`)")],
+) -> None:
+    """Revoke an API key; the hub refuses it from the next request on."""
+    from reach.hub import apikeys, audit
+
+    key_id = key_id.strip()
+    from_secret = parse_secret(key_id)
+    if from_secret is not None:  # a pasted secret: never echo it, revoke the key it names
+        err_console.print(f"that is a key's secret; revoking the key it names, {from_secret}")
+        key_id = from_secret
+    if not 12 <= len(key_id) <= 32 or not set(key_id) <= _KEY_ID_CHARS:
+        _die("not a key id: expected 12 to 32 lowercase letters and digits", BAD_INPUT)
+    now = time.time()
+    try:
+        with _store() as session:
+            view = apikeys.revoke_key(session, key_id, now)
+            audit.record(
+                session,
+                actor=_actor(),
+                action="key.revoke",
+                outcome=audit.ALLOWED,
+                now=now,
+                target=f"key:{key_id}",
+            )
+    except ReachError as exc:  # UnknownKey
+        _die(f"{type(exc).__name__}: {exc}", REFUSED)
+    if view["revoked_at"] is not None and view["revoked_at"] < now:
+        print(f"key {key_id} was already revoked at {_when(view['revoked_at'])}")
+    else:
+        print(f"revoked key {key_id}")
+
+
+@keys_app.command("rotate-signing")
+def rotate_signing(
+    immediate: Annotated[
+        bool,
+        typer.Option(
+            "--now",
+            help="Sign with the new key at once (default: after the rotation grace, so "
+            "agents fetch it first)",
+        ),
+    ] = False,
+) -> None:
+    """Publish a new key for reach tokens; the old one stays published until its tokens end."""
+    from reach.hub import audit, signing
+    from reach.hub.settings import load_settings
+
+    try:
+        grace = load_settings().security.signing_rotation_grace_s
+    except ConfigError as exc:
+        _die(f"configuration error: {exc}", BAD_INPUT)
+    now = time.time()
+    with _store() as session:
+        view = signing.rotate(session, now, grace, immediate=immediate)
+        audit.record(
+            session,
+            actor=_actor(),
+            action="signing.rotate",
+            outcome=audit.ALLOWED,
+            now=now,
+            target=f"kid:{view['kid']}",
+            detail={"not_before": view["not_before"], "immediate": immediate},
+        )
+    starts = view["not_before"]
+    when = "now" if starts <= now else f"{_when(starts)} (in {starts - now:.0f}s)"
+    print(f"new signing key {view['kid']} published; it signs reach tokens from {when}")
+
+
+__all__ = ["keys_app"]

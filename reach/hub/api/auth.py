@@ -1,0 +1,216 @@
+"""Who is asking: every API request's `Principal`, and the refusals when it may not.
+
+`AuthMiddleware` authenticates each request before its body is read (a request without a
+valid credential is refused with 401 whatever it carries) and leaves the principal on
+``request.state.principal``. Routes then demand what they do::
+
+    def submit(principal: Annotated[Principal, Depends(require(Action.SUBMIT))]) ...
+
+and check ownership with `reach.core.auth` (`may_act_for`, `may_read_task`), refusing
+with `forbidden` (403) or `not_yours` (logged, then the route's usual 404).
+
+An open hub (``require_auth`` off) gives a request without credentials the `OPEN`
+principal; a credential that *is* presented is checked all the same, so a typo'd or
+revoked key fails loudly instead of silently running as anonymous admin.
+
+Refusals are logged to ``reach.security`` (method, path, reason and the key id, never
+the secret) and counted in ``agentreach_auth_refusals_total{reason}``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from reach.core.auth import OPEN, Action, Principal, bearer_of, may_act_for, permits
+from reach.errors import Forbidden, ReachError, Unauthenticated
+from reach.hub import apikeys, audit, metrics
+from reach.hub.api.problems import PROBLEM_JSON
+from reach.hub.apikeys import Refusal
+from reach.hub.context import HubContext
+
+log = logging.getLogger("reach.security")
+
+# Paths anyone may read: liveness, the public keys agents verify reach tokens with, and
+# the API's own description.
+OPEN_PATHS = frozenset(
+    {
+        "/healthz",
+        "/.well-known/jwks.json",
+        "/openapi.json",
+        "/docs",
+        "/docs/oauth2-redirect",
+        "/redoc",
+    }
+)
+
+MISSING = "an API key is required: send 'Authorization: Bearer <key>'"
+MALFORMED = "malformed Authorization header: expected 'Bearer <key>'"
+
+
+class AuthMiddleware:
+    """Resolve the principal of every request (see the module docstring)."""
+
+    def __init__(self, app: ASGIApp, ctx: HubContext, require_auth: bool) -> None:
+        self.app = app
+        self.ctx = ctx
+        self.require_auth = require_auth
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path") in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        header = _authorization(scope)
+        if header is None and not self.require_auth:
+            principal: Principal | Refusal = OPEN
+        elif header is None:
+            principal = Refusal("missing", MISSING)
+        else:
+            try:
+                principal = await run_in_threadpool(self._check, header)
+            except ReachError as exc:  # the database is down: 503, as any other request
+                await _answer(exc, scope, receive, send)
+                return
+        if isinstance(principal, Refusal):
+            _log_refusal(scope.get("method", ""), scope.get("path", ""), principal)
+            await _answer(principal.error(), scope, receive, send)
+            return
+        scope.setdefault("state", {})["principal"] = principal
+        await self.app(scope, receive, send)
+
+    def _check(self, header: str) -> Principal | Refusal:
+        secret = bearer_of(header)
+        if secret is None:
+            return Refusal("malformed", MALFORMED)
+        with self.ctx.reading() as session:
+            return apikeys.check(session, secret, self.ctx.clock.now())
+
+
+def principal_of(request: Request) -> Principal:
+    """The request's principal (`AuthMiddleware` put it there; a route outside the app's
+    middleware, which should not exist, is refused rather than run as anyone)."""
+    principal = getattr(request.state, "principal", None)
+    if not isinstance(principal, Principal):
+        raise Unauthenticated(MISSING)
+    return principal
+
+
+def require(action: Action) -> Callable[[Request], Awaitable[Principal]]:
+    """A dependency yielding the request's principal if its scope includes ``action``;
+    403 ``forbidden`` (logged, counted, audited) otherwise."""
+
+    async def dependency(request: Request) -> Principal:
+        principal = principal_of(request)
+        if not permits(principal, action):
+            raise await run_in_threadpool(
+                forbidden,
+                request,
+                principal,
+                action,
+                f"a {principal.scope.value} key may not {_VERBS[action]}",
+            )
+        return principal
+
+    dependency.__name__ = f"require_{action.value}"
+    return dependency
+
+
+def forbidden(
+    request: Request,
+    principal: Principal,
+    action: Action,
+    detail: str,
+    *,
+    target: str = "",
+    task_id: str | None = None,
+    reason: str = "forbidden",
+) -> Forbidden:
+    """The 403 to raise for ``principal``, logged, counted, and written to the audit log
+    (in its own transaction: the refused request's own work rolls back when it raises).
+
+    Only forbidden attempts of a known key reach the audit log. Unauthenticated ones are
+    logged and counted but not stored: anyone can send them, as fast as they like, and a
+    table anyone can grow (holding the write lock on SQLite as they do) is a way to take
+    the hub down; a forbidden attempt names a real key an admin can look up and revoke.
+    """
+    method, path = request.method, request.url.path
+    key_id = principal.key_id
+    _log_refusal(method, path, Refusal(reason, detail, key_id))
+    if key_id is not None:
+        ctx: HubContext = request.app.state.ctx
+        try:
+            ctx.write(
+                lambda s: audit.record(
+                    s,
+                    actor=principal.identity,
+                    action=action.value,
+                    outcome=audit.REFUSED,
+                    now=ctx.clock.now(),
+                    target=target or path,
+                    task_id=task_id,
+                    detail={"method": method, "path": path, "reason": reason, "detail": detail},
+                )
+            )
+        except Exception:  # the refusal stands even if its record cannot be written
+            log.exception("could not audit a refused %s %s (key %s)", method, path, key_id)
+    return Forbidden(detail)
+
+
+def demand_agent(request: Request, principal: Principal, agent_id: str, action: Action) -> None:
+    """403 unless ``principal`` may act for ``agent_id`` (register, heartbeat, deregister)."""
+    if not may_act_for(principal, agent_id):
+        raise forbidden(
+            request,
+            principal,
+            action,
+            f"this key may not act for agent {agent_id!r}",
+            target=f"agent:{agent_id}",
+            reason="wrong_agent",
+        )
+
+
+def not_yours(request: Request, principal: Principal, what: str) -> None:
+    """Log and count a read or report of something the principal may not see; the caller
+    then answers exactly as for an unknown one (not found and not yours look the same)."""
+    _log_refusal(
+        request.method,
+        request.url.path,
+        Refusal("not_yours", f"{what} is not visible to this key", principal.key_id),
+    )
+
+
+_VERBS = {
+    Action.ACT_AS_AGENT: "register or heartbeat agents",
+    Action.REPORT: "report task results or progress",
+    Action.SUBMIT: "submit tasks, broadcasts or DAG runs",
+    Action.READ_TASK: "read tasks",
+    Action.READ_FLEET: "read the admin API",
+    Action.ADMINISTER: "administer the hub",
+}
+
+
+async def _answer(error: ReachError, scope: Scope, receive: Receive, send: Send) -> None:
+    response = JSONResponse(
+        error.to_problem(scope.get("path")),
+        status_code=error.status,
+        media_type=PROBLEM_JSON,
+        headers=error.headers() or None,
+    )
+    await response(scope, receive, send)
+
+
+def _authorization(scope: Scope) -> str | None:
+    for name, value in scope.get("headers") or ():
+        if name == b"authorization":
+            return str(value.decode("latin-1"))
+    return None
+
+
+def _log_refusal(method: str, path: str, refusal: Refusal) -> None:
+    metrics.AUTH_REFUSALS_TOTAL.labels(refusal.reason).inc()
+    log.warning("refused %s %s: %s (key %s)", method, path, refusal.reason, refusal.key_id or "-")
