@@ -1,0 +1,125 @@
+"""Reach tokens: what the hub signs into every delivery, and what an agent checks of one.
+
+A reach token is a JWT the hub signs (EdDSA, Ed25519) for one attempt of one task::
+
+    header  {"alg": "EdDSA", "typ": "JWT", "kid": <the signing key's id>}
+    claims  iss  the hub (``security.issuer``)
+            sub  who asked: the task's caller identity (``key:<id>``, ``agent:<id>``,
+                 ``anonymous`` on an open hub)
+            aud  the target agent ID: the token is worth nothing to any other agent
+            task_id, attempt_seq   the delivery it rides on
+            iat, exp               issued at, expires at (at most 15 minutes later)
+            jti                    unique: an agent accepts a token once
+
+Tokens are never forwarded: a reach from inside a handler authenticates with the agent's
+own credential and the hub mints a new token for that hop (``sub`` = the agent).
+
+Pure: `claims_for` builds the claims, `check_claims` is the agent's decision on decoded
+claims (the signature is checked before it, by ``reach.sdk.tokens``). The clock, the ttl
+and the jti are arguments, so the rules are table-tested.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+ALGORITHM = "EdDSA"
+"""The only algorithm a reach token is signed or accepted with (never ``none``, never HS*)."""
+
+MAX_TTL_S = 900
+"""A reach token lives at most 15 minutes (design: short-lived, bound to caller and target)."""
+
+DEFAULT_LEEWAY_S = 30.0
+"""Clock skew an agent tolerates between its clock and the hub's."""
+
+REQUIRED = ("iss", "sub", "aud", "task_id", "attempt_seq", "iat", "exp", "jti")
+
+
+def claims_for(
+    issuer: str,
+    subject: str,
+    audience: str,
+    task_id: str,
+    attempt_seq: int,
+    now: float,
+    ttl_s: float,
+    jti: str,
+) -> dict[str, Any]:
+    """The claims of the token for one attempt; its lifetime is capped at `MAX_TTL_S`."""
+    if ttl_s <= 0:
+        raise ValueError(f"ttl_s: must be > 0, got {ttl_s!r}")
+    iat = int(now)
+    return {
+        "iss": issuer,
+        "sub": subject,
+        "aud": audience,
+        "task_id": task_id,
+        "attempt_seq": attempt_seq,
+        "iat": iat,
+        "exp": iat + max(1, int(min(ttl_s, MAX_TTL_S))),
+        "jti": jti,
+    }
+
+
+def check_claims(
+    claims: Mapping[str, Any],
+    expected_audience: str,
+    task_id: object,
+    now: float,
+    leeway: float = DEFAULT_LEEWAY_S,
+    *,
+    attempt_seq: object = None,
+    issuer: str | None = None,
+) -> str | None:
+    """Why an agent refuses a token with these (signature-checked) claims, or None.
+
+    ``task_id`` and ``attempt_seq`` are the delivery body's (``attempt_seq`` None: the
+    body names none, so it is not compared); ``issuer`` None accepts any issuer (the
+    signature already proves the token is the hub's). Reasons never quote the token.
+    """
+    missing = [name for name in REQUIRED if name not in claims]
+    if missing:
+        return f"token lacks claims: {', '.join(missing)}"
+    for name in ("iss", "sub", "task_id", "jti"):
+        if not isinstance(claims[name], str) or not claims[name]:
+            return f"token claim {name} is not a non-empty string"
+    for name in ("iat", "exp"):
+        if not _is_number(claims[name]):
+            return f"token claim {name} is not a finite number"
+    if not _is_int(claims["attempt_seq"]):
+        return "token claim attempt_seq is not an integer"
+    if issuer is not None and claims["iss"] != issuer:
+        return "token issued by another issuer"
+    if not _audience_matches(claims["aud"], expected_audience):
+        return f"token is meant for another agent, not {expected_audience!r}"
+    iat, exp = float(claims["iat"]), float(claims["exp"])
+    if exp <= iat:
+        return "token expires before it was issued"
+    if exp - iat > MAX_TTL_S:
+        return f"token lifetime exceeds {MAX_TTL_S} s"
+    if iat > now + leeway:
+        return "token issued in the future"
+    if exp + leeway <= now:
+        return "token expired"
+    if claims["task_id"] != task_id:
+        return "token is for another task"
+    if attempt_seq is not None and claims["attempt_seq"] != attempt_seq:
+        return "token is for another attempt"
+    return None
+
+
+def _audience_matches(aud: object, expected: str) -> bool:
+    # a single audience; a list is allowed by RFC 7519 but the hub mints only strings, and
+    # a token naming several agents would let any of them present it to the others
+    return isinstance(aud, str) and aud == expected
+
+
+def _is_number(value: object) -> bool:
+    # NaN and infinity compare False with everything: they would pass every time check
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -1,0 +1,63 @@
+"""Reach tokens made the way the hub makes them, for tests that post to an agent directly.
+
+`mint` signs with the hub's own current key, read from the hub's store (the key the hub
+publishes at ``/.well-known/jwks.json``), so an agent that verifies tokens accepts what a
+test sends exactly as it accepts a delivery -- or refuses it for the one claim the test
+changed (an old ``iat``, another audience, another task).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import jwt
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from reach.core.tokens import ALGORITHM, claims_for
+from reach.hub import signing
+from reach.hub.storage import create_engine_for, session_factory
+
+
+def hub_key(store_url: str) -> tuple[str, Ed25519PrivateKey]:
+    """The hub's signing key now (created if the hub has none yet): kid and private key."""
+    engine = create_engine_for(store_url)
+    try:
+        with session_factory(engine).begin() as session:
+            row = signing.current_key(session, time.time())
+            kid, pem = row.kid, row.private_pem
+    finally:
+        engine.dispose()
+    key = serialization.load_pem_private_key(pem.encode(), password=None)
+    assert isinstance(key, Ed25519PrivateKey)
+    return kid, key
+
+
+def sign(claims: dict[str, Any], kid: str, key: Ed25519PrivateKey) -> str:
+    return jwt.encode(claims, key, algorithm=ALGORITHM, headers={"kid": kid})
+
+
+def mint(
+    store_url: str,
+    *,
+    audience: str,
+    task_id: str,
+    attempt_seq: int = 1,
+    subject: str = "anonymous",
+    iat: float | None = None,
+    ttl_s: float = 300,
+    issuer: str = "agent-reach",
+) -> str:
+    """A token signed with the hub's key; ``iat`` in the past makes an expired one."""
+    kid, key = hub_key(store_url)
+    claims = claims_for(
+        issuer, subject, audience, task_id, attempt_seq, time.time() if iat is None else iat,
+        ttl_s, uuid.uuid4().hex,
+    )  # fmt: skip
+    return sign(claims, kid, key)
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
