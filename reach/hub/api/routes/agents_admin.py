@@ -1,0 +1,95 @@
+"""Admin endpoints on agents: the trust level and the L3 allow-list.
+
+An agent never declares its own trust: these are the only ways to set it, each change
+audited with the admin's identity and the old and new values (`reach.hub.trust`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from reach.core.auth import Action, Principal
+from reach.core.trust import TrustLevel
+from reach.hub import trust
+from reach.hub.api.auth import require
+from reach.hub.context import HubContext
+from reach.hub.trust import MAX_RULE_VALUE, RuleKind
+
+Administers = Annotated[Principal, Depends(require(Action.ADMINISTER))]
+ReadsFleet = Annotated[Principal, Depends(require(Action.READ_FLEET))]
+RuleValue = Annotated[str, Field(min_length=1, max_length=MAX_RULE_VALUE, pattern=r"^\S+$")]
+
+
+class SetTrust(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    level: TrustLevel = Field(description="L1 (mutual TLS), L2 (the default) or L3 (allow-list)")
+
+
+class AllowRule(BaseModel):
+    """One allow-list entry: exactly one of ``call`` or ``callable_by``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    call: RuleValue | None = Field(
+        None, description="a capability (method) pattern the agent may reach, e.g. search.*"
+    )
+    callable_by: RuleValue | None = Field(
+        None, description="an agent ID or identity (agent:<id>, key:<key_id>) that may reach it"
+    )
+
+    @model_validator(mode="after")
+    def _one(self) -> AllowRule:
+        if (self.call is None) == (self.callable_by is None):
+            raise ValueError("give exactly one of call or callable_by")
+        return self
+
+    @property
+    def kind(self) -> RuleKind:
+        return RuleKind.CALL if self.call is not None else RuleKind.CALLABLE_BY
+
+    @property
+    def value(self) -> str:
+        return self.call if self.call is not None else str(self.callable_by)
+
+
+def agents_admin_router(ctx: HubContext) -> APIRouter:
+    router = APIRouter(prefix="/api/v1/agents", tags=["admin"])
+
+    @router.put("/{agent_id}/trust", responses={404: {}, 422: {}})
+    def set_trust(agent_id: str, body: SetTrust, principal: Administers) -> dict[str, Any]:
+        """Set the agent's trust level (audited)."""
+        return ctx.write(
+            lambda s: trust.set_trust(
+                s, agent_id, body.level, actor=principal.identity, now=ctx.clock.now()
+            )
+        )
+
+    @router.get("/{agent_id}/allow", responses={404: {}})
+    def allow_list(agent_id: str, principal: ReadsFleet) -> dict[str, Any]:
+        """The agent's trust level and allow-list (a read: viewers may see it)."""
+        with ctx.reading() as session:
+            return trust.allow_list_view(session, agent_id)
+
+    @router.post("/{agent_id}/allow", responses={404: {}, 422: {}})
+    def allow(agent_id: str, body: AllowRule, principal: Administers) -> dict[str, Any]:
+        """Add an entry to the agent's allow-list (audited; adding it twice changes nothing)."""
+        return ctx.write(
+            lambda s: trust.add_rule(
+                s, agent_id, body.kind, body.value, actor=principal.identity, now=ctx.clock.now()
+            )
+        )
+
+    @router.delete("/{agent_id}/allow", responses={404: {}, 422: {}})
+    def disallow(agent_id: str, body: AllowRule, principal: Administers) -> dict[str, Any]:
+        """Remove an entry from the agent's allow-list (audited when it was there)."""
+        return ctx.write(
+            lambda s: trust.remove_rule(
+                s, agent_id, body.kind, body.value, actor=principal.identity, now=ctx.clock.now()
+            )
+        )
+
+    return router
