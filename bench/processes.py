@@ -173,6 +173,7 @@ class MockAgent:
     forward_to: str = ""
     port: int = 0
     proc: Proc | None = None
+    verify_tokens: bool = False  # the baselines post without a token (see bench.mock_agent)
 
     def start(self) -> MockAgent:
         self.port = self.port or free_port()
@@ -193,6 +194,8 @@ class MockAgent:
         ]
         if self.forward_to:
             argv += ["--forward-to", self.forward_to]
+        if self.verify_tokens:
+            argv.append("--verify-tokens")
         env = {k: v for k, v in os.environ.items() if not k.startswith("REACH_")}
         self.proc = spawn(f"agent-{self.agent_id}-{self.port}", argv, env, self.home)
         wait_ok(f"{self.url}/healthz", self.proc)

@@ -52,6 +52,7 @@ from reach.sdk.caller import (
     send,
     wait_for_result,
 )
+from reach.sdk.tls import TLSConfig
 
 __version__ = "0.1.0"
 
@@ -89,6 +90,7 @@ __all__ = [
     "SessionClosed",
     "StaleReport",
     "Submission",
+    "TLSConfig",
     "TaskConflict",
     "TaskError",
     "TaskResult",

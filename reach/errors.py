@@ -31,6 +31,7 @@
     │   ├── Unauthenticated         no valid credential (missing, unknown, expired, revoked)
     │   ├── Forbidden               a valid credential outside its scope, agent or allow-list
     │   └── InvalidReachToken       a delivery's token is forged, expired, replayed or not ours
+    ├── UnknownKey                  no API key with this id (listing, revoking)
     ├── LoopDetected
     └── SessionClosed
 
@@ -348,6 +349,14 @@ class InvalidReachToken(SecurityError):
     slug = "invalid-reach-token"
     status = 401
     title = "Invalid reach token"
+
+
+class UnknownKey(ReachError):
+    """No API key with this id exists (an operator listing or revoking keys)."""
+
+    slug = "unknown-key"
+    status = 404
+    title = "Unknown API key"
 
 
 class LoopDetected(ReachError):

@@ -18,10 +18,11 @@ from celery import Task, shared_task
 
 from reach.core.retry import RetryPolicy, backoff_delay
 from reach.errors import HubUnavailable
-from reach.hub.agent_http import AgentTransport
+from reach.hub.agent_http import AgentTransport, HubTls
 from reach.hub.breakers import Breakers
 from reach.hub.delivery import deliver_attempt
 from reach.hub.registry import CandidateCache
+from reach.hub.signing import Signer
 from reach.worker.process_random import process_random
 
 log = logging.getLogger("reach.tasks.delivery")
@@ -32,11 +33,23 @@ OUTAGE_RETRY = RetryPolicy(max_retry=6, base=1.0, cap=30.0)
 
 @lru_cache(maxsize=1)
 def transport() -> AgentTransport:
-    return AgentTransport()
+    from reach.worker.app import settings
+
+    return AgentTransport(tls=HubTls.from_settings(settings))
 
 
 _rng = process_random()  # reseeded in each prefork child
 _breakers = Breakers()  # this worker process's failure windows (each prefork child its own)
+
+
+@lru_cache(maxsize=1)
+def signer() -> Signer:
+    """This process's minter of reach tokens (it caches the signing key a few seconds)."""
+    from reach.worker.app import runtime
+
+    ctx = runtime()
+    security = ctx.settings.security
+    return Signer(ctx.sessions, issuer=security.issuer, ttl_s=security.token_ttl_s)
 
 
 @lru_cache(maxsize=1)
@@ -89,6 +102,7 @@ def _deliver(task_id: str, attempt_seq: int) -> None:
         rng=_rng,
         breakers=_breakers,
         candidates=candidates(),
+        signer=signer() if ctx.delivery_policy.sign_deliveries else None,
     )
     if retry is not None:
         ctx.publish_attempts([retry])

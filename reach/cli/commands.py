@@ -15,24 +15,42 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.console import Console
 
+from reach.cli.certs import certs_app
+from reach.cli.keys import keys_app
 from reach.cli.rendering import (
     agents_table,
+    allow_list_lines,
+    audit_tables,
     dag_table,
     dead_letters_table,
     events_table,
     task_lines,
 )
-from reach.errors import ConfigError, ReachError
+from reach.core.trust import TrustLevel
+from reach.errors import ConfigError, Forbidden, ReachError, Unauthenticated
 from reach.hub.settings import Settings, load_settings
 
 app = typer.Typer(help="Agent-Reach: the reach layer between AI agents.", no_args_is_help=True)
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
+app.add_typer(keys_app, name="keys")
+app.add_typer(certs_app, name="certs")
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
 
 HubOption = Annotated[
     str | None, typer.Option("--hub", help="Hub URL (default: $REACH_HUB_URL or 127.0.0.1:8800)")
+]
+# The help never shows the value: typer would print an envvar's value as the default.
+ApiKeyOption = Annotated[
+    str | None,
+    typer.Option(
+        "--api-key",
+        envvar="REACH_API_KEY",
+        show_envvar=False,
+        show_default=False,
+        help="API key sent to the hub (default: $REACH_API_KEY)",
+    ),
 ]
 
 
@@ -80,12 +98,12 @@ def api(
     host: Annotated[str | None, typer.Option(help="Bind address (default: server.host)")] = None,
 ) -> None:
     """Run the HTTP API."""
+    settings = _settings()  # first: it points prometheus_client at the shared directory
     import uvicorn
 
     from reach.hub.api import HubContext, create_app
     from reach.hub.storage.engine import database_revision_problem
 
-    settings = _settings()
     url = settings.storage.resolved_database_url
     problem = database_revision_problem(url)
     if problem:
@@ -93,11 +111,16 @@ def api(
         raise typer.Exit(2)
     ctx = HubContext.from_settings(settings)
     bind = host or settings.server.host
+    from reach.core.auth import auth_required
     from reach.hub.api.serve import KEEP_ALIVE_S, serve_together
 
+    # resolved against the address actually bound: `--host 0.0.0.0` turns auth on
+    require_auth = auth_required(settings.security.require_auth, bind)
+    if not require_auth:
+        err_console.print(f"auth is off: the API on {bind} takes requests without API keys")
     if settings.server.admin_port is None:
         uvicorn.run(
-            create_app(ctx),
+            create_app(ctx, require_auth=require_auth),
             host=bind,
             port=port or settings.server.port,
             log_level="info",
@@ -109,8 +132,16 @@ def api(
 
     serve_together(
         [
-            (create_app(ctx, Surface.PUBLIC), bind, port or settings.server.port),
-            (create_app(ctx, Surface.ADMIN), bind, settings.server.admin_port),
+            (
+                create_app(ctx, Surface.PUBLIC, require_auth=require_auth),
+                bind,
+                port or settings.server.port,
+            ),
+            (
+                create_app(ctx, Surface.ADMIN, require_auth=require_auth),
+                bind,
+                settings.server.admin_port,
+            ),
         ]
     )
 
@@ -203,27 +234,110 @@ def flower(port: Annotated[int, typer.Option(help="Flower port")] = 5555) -> Non
     celery_app.start(["flower", f"--port={port}", "--address=127.0.0.1"])
 
 
-@app.command()
+agents_app = typer.Typer(
+    help="The fleet: list agents (bare `reach agents`), set trust levels and allow-lists.",
+    invoke_without_command=True,
+)
+app.add_typer(agents_app, name="agents")
+
+
+@agents_app.callback()
 def agents(
+    ctx: typer.Context,
     tag: Annotated[list[str] | None, typer.Option(help="Only agents with this tag")] = None,
     capability: Annotated[str | None, typer.Option(help="Only agents with this capability")] = None,
     status: Annotated[str | None, typer.Option(help="Only instances in this status")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
     hub: HubOption = None,
+    api_key: ApiKeyOption = None,
 ) -> None:
-    """List agents and their instances."""
+    """List agents and their instances (or run one of the commands below on them)."""
     from reach.sdk.hub_client import HubClient
 
+    if ctx.invoked_subcommand is not None:
+        return
     params: dict[str, Any] = {"tag": tag or [], "capability": capability, "status": status}
     try:
-        body = HubClient(hub).get("/api/v1/agents", params={k: v for k, v in params.items() if v})
+        body = HubClient(hub, api_key=api_key).get(
+            "/api/v1/agents", params={k: v for k, v in params.items() if v}
+        )
     except ReachError as exc:
-        err_console.print(f"[red]{type(exc).__name__}:[/red] {exc}")
-        raise typer.Exit(1) from None
+        _fail(exc)
     if as_json:
         print(json.dumps(body, indent=2))
         return
     console.print(agents_table(body["agents"]))
+
+
+@agents_app.command("trust")
+def agents_trust(
+    agent_id: Annotated[str, typer.Argument(help="Agent ID")],
+    level: Annotated[TrustLevel, typer.Argument(help="L1 (mTLS), L2 (default) or L3 (plugin)")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
+    hub: HubOption = None,
+    api_key: ApiKeyOption = None,
+) -> None:
+    """Set an agent's trust level (admin key; audited)."""
+    from reach.sdk.hub_client import HubClient
+
+    try:
+        body = HubClient(hub, api_key=api_key).put(
+            f"/api/v1/agents/{agent_id}/trust", {"level": level.value}
+        )
+    except ReachError as exc:
+        _fail(exc)
+    if as_json:
+        print(json.dumps(body, indent=2))
+        return
+    console.print(f"agent {body['agent_id']}: trust {body['previous']} -> {body['trust_level']}")
+
+
+@agents_app.command("allow")
+def agents_allow(
+    agent_id: Annotated[str, typer.Argument(help="Agent ID")],
+    call: Annotated[
+        str | None,
+        typer.Option("--call", help="A capability (pattern, e.g. 'search.*') it may reach"),
+    ] = None,
+    callable_by: Annotated[
+        str | None,
+        typer.Option(
+            "--callable-by", help="An agent ID or identity (agent:ID, key:KEY_ID) that may reach it"
+        ),
+    ] = None,
+    remove: Annotated[bool, typer.Option("--remove", help="Remove the entry instead")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
+    hub: HubOption = None,
+    api_key: ApiKeyOption = None,
+) -> None:
+    """Add to (or --remove from) an L3 agent's allow-list; with neither option, show it."""
+    from reach.sdk.hub_client import HubClient
+
+    if call is not None and callable_by is not None:
+        err_console.print("[red]give one of --call or --callable-by, not both[/red]")
+        raise typer.Exit(2)
+    path = f"/api/v1/agents/{agent_id}/allow"
+    rule = {"call": call} if call is not None else {"callable_by": callable_by}
+    client = HubClient(hub, api_key=api_key)
+    try:
+        if call is None and callable_by is None:
+            if remove:
+                err_console.print("[red]--remove needs --call or --callable-by[/red]")
+                raise typer.Exit(2)
+            body = client.get(path)
+        elif remove:
+            body = client.delete(path, rule)
+        else:
+            body = client.post(path, rule)
+    except ReachError as exc:
+        _fail(exc)
+    finally:
+        client.close()
+    if as_json:
+        print(json.dumps(body, indent=2))
+        return
+    for line in allow_list_lines(body):
+        console.print(line)
 
 
 tasks_app = typer.Typer(help="Tasks.", no_args_is_help=True)
@@ -233,8 +347,14 @@ app.add_typer(dlq_app, name="dlq")
 
 
 def _fail(exc: ReachError) -> NoReturn:
-    err_console.print(f"[red]{type(exc).__name__}:[/red] {exc}")
-    raise typer.Exit(1)
+    """One line on stderr and a non-zero exit (the hub's details name a key by id only)."""
+    hint = ""
+    if isinstance(exc, Unauthenticated):
+        hint = " (pass --api-key or set $REACH_API_KEY)"
+    elif isinstance(exc, Forbidden):
+        hint = " (this API key's scope does not allow it)"
+    err_console.print(f"[red]{type(exc).__name__}:[/red] {exc}{hint}")
+    raise typer.Exit(2 if isinstance(exc, ConfigError) else 1)  # 2: bad input, like --payload
 
 
 @app.command()
@@ -248,6 +368,7 @@ def send(
     timeout_ms: Annotated[int, typer.Option(help="Task timeout (ms)")] = 30_000,
     wait: Annotated[float, typer.Option(help="Seconds to wait for the result (0: don't)")] = 30.0,
     hub: HubOption = None,
+    api_key: ApiKeyOption = None,
 ) -> None:
     """Send a task and (by default) wait for its result."""
     from reach.sdk.caller import send as send_task
@@ -271,11 +392,12 @@ def send(
             task_id=task_id,
             timeout_ms=timeout_ms,
             hub=hub,
+            api_key=api_key,
         )
         if wait <= 0:
             print(json.dumps({"task_id": sub.task_id, "status": sub.status}))
             return
-        result = wait_for_result(sub.task_id, timeout=wait, hub=hub)
+        result = wait_for_result(sub.task_id, timeout=wait, hub=hub, api_key=api_key)
     except ReachError as exc:
         _fail(exc)
     print(
@@ -292,11 +414,11 @@ def send(
 
 
 @tasks_app.command("show")
-def tasks_show(task_id: str, hub: HubOption = None) -> None:
+def tasks_show(task_id: str, hub: HubOption = None, api_key: ApiKeyOption = None) -> None:
     """Show a task and its audit trail."""
     from reach.sdk.hub_client import HubClient
 
-    client = HubClient(hub)
+    client = HubClient(hub, api_key=api_key)
     try:
         task = client.get(f"/v1/tasks/{task_id}")
         events = client.get(f"/v1/tasks/{task_id}/events")["events"]
@@ -309,16 +431,38 @@ def tasks_show(task_id: str, hub: HubOption = None) -> None:
     console.print(events_table(events))
 
 
+@tasks_app.command("audit")
+def tasks_audit(
+    task_id: str,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
+    hub: HubOption = None,
+    api_key: ApiKeyOption = None,
+) -> None:
+    """Who touched a task: every event with its identity, and its audit-log rows."""
+    from reach.sdk.hub_client import HubClient
+
+    try:
+        trail = HubClient(hub, api_key=api_key).get(f"/api/v1/tasks/{task_id}/audit")
+    except ReachError as exc:
+        _fail(exc)
+    if as_json:
+        print(json.dumps(trail, indent=2))
+        return
+    for table in audit_tables(trail):
+        console.print(table)
+
+
 @dlq_app.command("list")
 def dlq_list(
     all_: Annotated[bool, typer.Option("--all", help="Include replayed entries")] = False,
     hub: HubOption = None,
+    api_key: ApiKeyOption = None,
 ) -> None:
     """List dead-lettered tasks."""
     from reach.sdk.hub_client import HubClient
 
     try:
-        rows = HubClient(hub).get(
+        rows = HubClient(hub, api_key=api_key).get(
             "/api/v1/dead-letters", params={"include_replayed": str(all_).lower()}
         )["dead_letters"]
     except ReachError as exc:
@@ -327,23 +471,25 @@ def dlq_list(
 
 
 @dlq_app.command("show")
-def dlq_show(dead_id: int, hub: HubOption = None) -> None:
+def dlq_show(dead_id: int, hub: HubOption = None, api_key: ApiKeyOption = None) -> None:
     """Show one dead letter."""
     from reach.sdk.hub_client import HubClient
 
     try:
-        print(json.dumps(HubClient(hub).get(f"/api/v1/dead-letters/{dead_id}"), indent=2))
+        row = HubClient(hub, api_key=api_key).get(f"/api/v1/dead-letters/{dead_id}")
+        print(json.dumps(row, indent=2))
     except ReachError as exc:
         _fail(exc)
 
 
 @dlq_app.command("replay")
-def dlq_replay(dead_id: int, hub: HubOption = None) -> None:
+def dlq_replay(dead_id: int, hub: HubOption = None, api_key: ApiKeyOption = None) -> None:
     """Replay a dead letter with a fresh retry budget."""
     from reach.sdk.hub_client import HubClient
 
     try:
-        print(json.dumps(HubClient(hub).post(f"/api/v1/dead-letters/{dead_id}/replay", {})))
+        client = HubClient(hub, api_key=api_key)
+        print(json.dumps(client.post(f"/api/v1/dead-letters/{dead_id}/replay", {})))
     except ReachError as exc:
         _fail(exc)
 
@@ -358,6 +504,7 @@ def dag_run(
     input_json: Annotated[str, typer.Option("--input", help="Run input, a JSON object")] = "{}",
     wait: Annotated[float, typer.Option(help="Seconds to follow the run (0: don't)")] = 120.0,
     hub: HubOption = None,
+    api_key: ApiKeyOption = None,
 ) -> None:
     """Start a DAG run and follow its progress live."""
     import time
@@ -375,7 +522,7 @@ def dag_run(
         raise typer.Exit(2) from None
     except ReachError as exc:
         _fail(exc)
-    client = HubClient(hub)
+    client = HubClient(hub, api_key=api_key)
     try:
         run = client.post(
             "/api/v1/dag-runs", {"dag": spec.model_dump(mode="json"), "input": run_input}
@@ -396,13 +543,16 @@ def dag_run(
 
 @dag_app.command("show")
 def dag_show(
-    run_id: str, as_json: Annotated[bool, typer.Option("--json")] = False, hub: HubOption = None
+    run_id: str,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    hub: HubOption = None,
+    api_key: ApiKeyOption = None,
 ) -> None:
     """Show a DAG run and its nodes."""
     from reach.sdk.hub_client import HubClient
 
     try:
-        run = HubClient(hub).get(f"/api/v1/dag-runs/{run_id}")
+        run = HubClient(hub, api_key=api_key).get(f"/api/v1/dag-runs/{run_id}")
     except ReachError as exc:
         _fail(exc)
     if as_json:

@@ -13,8 +13,11 @@ from rich.table import Table
 
 __all__ = [
     "NODE_STYLE",
+    "OUTCOME_STYLE",
     "STATUS_STYLE",
     "agents_table",
+    "allow_list_lines",
+    "audit_tables",
     "dag_table",
     "dead_letters_table",
     "events_table",
@@ -154,3 +157,62 @@ def dag_table(run: dict[str, Any]) -> Table:
             (node["reason"] or "")[:80],
         )
     return table
+
+
+def allow_list_lines(view: dict[str, Any]) -> list[str]:
+    """An agent's trust level and allow-list, one line each."""
+    changed = view.get("changed")
+    lines = [
+        f"[bold]{view['agent_id']}[/bold]  trust={view['trust_level']}"
+        + ("" if changed is None else ("  (changed)" if changed else "  (unchanged)"))
+    ]
+    lines.append("may call:       " + (", ".join(view["call"]) or "-"))
+    lines.append("callable by:    " + (", ".join(view["callable_by"]) or "-"))
+    return lines
+
+
+# Audit outcome -> rich style.
+OUTCOME_STYLE = {
+    "success": "green",
+    "allowed": "green",
+    "refused": "red",
+    "dead": "red",
+    "failed": "red",
+    "retry": "yellow",
+}
+
+
+def audit_tables(trail: dict[str, Any]) -> list[Table]:
+    """A task's audit trail: its events with the identity behind each, then the audit-log
+    rows naming it (L3 reaches, refusals)."""
+    events = Table(
+        title=f"audit of {trail['task_id']}  [bold]{trail['status']}[/bold]",
+        caption="identities: " + (", ".join(trail["identities"]) or "-"),
+    )
+    for column in ("at", "actor", "kind", "outcome", "agent", "instance", "attempt"):
+        events.add_column(column)
+    for e in trail["events"]:
+        style = OUTCOME_STYLE.get(e["outcome"], "white")
+        events.add_row(
+            f"{e['at']:.3f}",
+            e["actor"],
+            e["kind"],
+            f"[{style}]{e['outcome']}[/{style}]",
+            e["agent_id"] or "-",
+            (e["instance_id"] or "-")[:12],
+            str(e["attempt_seq"]),
+        )
+    log = Table(title="audit log")
+    for column in ("at", "actor", "action", "target", "outcome", "detail"):
+        log.add_column(column)
+    for a in trail["audit"]:
+        style = OUTCOME_STYLE.get(a["outcome"], "white")
+        log.add_row(
+            f"{a['at']:.3f}",
+            a["actor"],
+            a["action"],
+            a["target"] or "-",
+            f"[{style}]{a['outcome']}[/{style}]",
+            json.dumps(a["detail"])[:120],
+        )
+    return [events, log] if trail["audit"] else [events]

@@ -18,6 +18,7 @@ from pathlib import Path
 import requests
 from rich.console import Console
 
+from reach.core.auth import auth_required, is_loopback_host
 from reach.hub.settings import Settings
 from reach.hub.storage import upgrade_database
 
@@ -100,6 +101,9 @@ def run_up(
             f"hub ready at [bold]{hub_url}[/bold]  (agents: {hub_url}/api/v1/agents, "
             f"OpenAPI: {hub_url}/docs) — `reach agents` lists the fleet; Ctrl-C stops"
         )
+        open_notice = _open_notice(settings)
+        if open_notice:
+            console.print(f"[yellow]{open_notice}[/yellow]")
         while not stopping:
             for child in children:
                 code = child.proc.poll()
@@ -110,6 +114,19 @@ def run_up(
         return 0
     finally:
         _terminate(children)
+
+
+def _open_notice(settings: Settings) -> str | None:
+    """The line saying the hub runs without authentication, if it does."""
+    host = settings.server.host
+    if auth_required(settings.security.require_auth, host):
+        return None
+    if is_loopback_host(host):
+        return (
+            "auth is off: the API listens on loopback only; "
+            "set REACH_SECURITY__REQUIRE_AUTH=true to require API keys"
+        )
+    return f"auth is off on {host}: security.require_auth is false, anyone who reaches it is admin"
 
 
 def _spawn(name: str, argv: list[str], env: dict[str, str]) -> Child:

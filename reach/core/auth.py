@@ -188,7 +188,7 @@ def new_secret(key_id: str) -> str:
 
 def parse_secret(secret: str) -> str | None:
     """The key id a presented secret names, or None when it is not shaped like one."""
-    match = _KEY_RE.match(secret)
+    match = _KEY_RE.fullmatch(secret)  # not match(): its ``$`` lets a trailing newline by
     return match.group(1) if match else None
 
 

@@ -23,6 +23,7 @@ no HTTP answer (refused, timeout, reset)       TRANSIENT         yes, with backo
 202                                            ACCEPTED          -- (result comes later)
 429                                            BACKPRESSURE      later, not a failure
 408, 5xx                                       TRANSIENT         yes, with backoff
+401 (the agent refused the hub's reach token)  BUSINESS_ERROR    no, caller told why
 any other status (4xx, 1xx, 3xx)               BUSINESS_ERROR    no
 =============================================  ================  ======================
 
@@ -30,7 +31,9 @@ A bool is not an integer code (``{"code": True}`` is a protocol error): the enve
 is `reach.core.envelope`, the one the SDK wraps handler returns with. A 2xx whose body is
 not an envelope is a protocol error, classified as BUSINESS_ERROR rather than TRANSIENT:
 the agent did answer, and asking again will not change its answer, so retrying would only
-add load.
+add load. So is an agent's 401: it refused the hub's reach token (forged, expired, not
+for it), and a new attempt of the same hub would be refused the same way; the caller is
+told so (`business_message`).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ __all__ = [
     "RetryPolicy",
     "RetryPolicyError",
     "backoff_delay",
+    "business_message",
     "classify",
     "delay_bounds",
     "nominal_delay",
@@ -158,3 +162,11 @@ def classify(status_code: int | None, body: object) -> Outcome:
     if status_code == 408 or 500 <= status_code < 600:
         return Outcome.TRANSIENT
     return Outcome.BUSINESS_ERROR
+
+
+def business_message(status_code: int | None, message: str) -> str:
+    """What the caller is told of a business-error answer: an agent's 401 is its refusal
+    of the hub's reach token, which its own message alone would not say."""
+    if status_code == 401:
+        return f"agent refused the hub's reach token: {message}"
+    return message

@@ -118,6 +118,7 @@ class Candidate:
     metadata: tuple[tuple[str, MetadataValue], ...] = ()
     breaker_open_until: float | None = None  # as the store said when this was loaded
     breaker_opened_at: float = 0.0
+    trust_level: str = "L2"  # agents.trust_level: L1 (mTLS), L2 (default), L3 (allow-list)
 
     @property
     def load(self) -> float:

@@ -2,22 +2,61 @@
 
 Foreign exceptions stop here: the caller gets ``(status, body)`` or ``(None, error)``,
 which ``reach.core.retry.classify`` turns into an outcome.
+
+L1 agents (mutual TLS) get sessions of their own, one per agent ID (a bounded LRU per
+thread): each presents the hub's client certificate, trusts the hub CA only and asserts
+the agent's identity name (``reach.core.trust.identity_name``) before any body is sent,
+so a certificate of another agent, or of another CA, fails the handshake. An L1 target
+the hub cannot reach that way (an ``http://`` endpoint, no hub certificates) is never
+contacted; such answers are ``refused``, a terminal failure no retry would mend.
 """
 
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import requests
 import urllib3
 from requests.adapters import HTTPAdapter
+from urllib3.util.ssl_match_hostname import CertificateError
+
+from reach.core.trust import identity_name, mtls_refusal
+from reach.hub.settings import Settings
 
 _CHUNK = 65_536
 MAX_ANSWER_BYTES = 1_048_576  # as for payloads: larger results travel by reference
+L1_SESSIONS = 64  # per thread: L1 agents a worker keeps connections to
+
+
+@dataclass(frozen=True, slots=True)
+class HubTls:
+    """The hub's side of mutual TLS (``security.tls``, defaults under ``<home>/certs``)."""
+
+    ca_cert: Path
+    client_cert: Path
+    client_key: Path
+    ca_cert_set: bool = False  # security.tls.ca_cert was given: https to L2/L3 trusts it too
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> HubTls:
+        tls = settings.security.tls
+        certs = settings.storage.home_path / "certs"
+        return cls(
+            Path(tls.ca_cert) if tls.ca_cert else certs / "ca.pem",
+            Path(tls.client_cert) if tls.client_cert else certs / "hub.pem",
+            Path(tls.client_key) if tls.client_key else certs / "hub.key",
+            ca_cert_set=bool(tls.ca_cert),
+        )
+
+    def missing(self) -> list[Path]:
+        return [p for p in (self.ca_cert, self.client_cert, self.client_key) if not p.is_file()]
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,20 +64,30 @@ class AgentAnswer:
     status: int | None  # None: no HTTP answer at all
     body: Any
     error: str | None = None
+    refused: bool = False  # mTLS would not (or could not safely) reach it: terminal
 
     @property
     def error_kind(self) -> str:
-        """``timeout`` / ``unreachable`` / ``http`` — for the typed error a caller sees."""
+        """``timeout`` / ``unreachable`` / ``http`` / ``tls`` — for the caller's typed error."""
+        if self.refused:
+            return "tls"
         if self.status is not None:
             return "http"
         return "timeout" if self.error and "timed out" in self.error else "unreachable"
 
 
 class AgentTransport:
-    def __init__(self, pool_size: int = 32, max_body_bytes: int = MAX_ANSWER_BYTES) -> None:
+    def __init__(
+        self,
+        pool_size: int = 32,
+        max_body_bytes: int = MAX_ANSWER_BYTES,
+        tls: HubTls | None = None,
+    ) -> None:
+        """``tls``: the hub's certificates, needed to reach L1 agents (None: none can be)."""
         self._local = threading.local()
         self._pool_size = pool_size
         self._max_body_bytes = max_body_bytes
+        self._tls = tls
 
     def _session(self) -> requests.Session:
         session: requests.Session | None = getattr(self._local, "session", None)
@@ -52,7 +101,40 @@ class AgentTransport:
             )
             session.mount("http://", adapter)
             session.mount("https://", adapter)
+            if self._tls is not None and self._tls.ca_cert_set:
+                session.verify = str(self._tls.ca_cert)
             self._local.session = session
+        return session
+
+    def _mtls_session(self, agent_id: str) -> requests.Session | str:
+        """The L1 session for ``agent_id``, or why there can be none (no hub certs)."""
+        sessions: OrderedDict[str, requests.Session] | None = getattr(self._local, "mtls", None)
+        if sessions is None:
+            sessions = self._local.mtls = OrderedDict()
+        session = sessions.get(agent_id)
+        if session is not None:
+            sessions.move_to_end(agent_id)
+            return session
+        tls = self._tls
+        missing = tls.missing() if tls is not None else []
+        if tls is None or missing:
+            named = ", ".join(str(p) for p in missing) or "no hub TLS configured"
+            return (
+                f"L1 agent requires https + mTLS, and the hub has no certificates for it "
+                f"({named}): run `reach certs init` on the hub host, or set security.tls"
+            )
+        session = requests.Session()
+        session.trust_env = False
+        # requests would otherwise load its own CA bundle: only the hub CA vouches here
+        session.verify = str(tls.ca_cert)
+        session.cert = (str(tls.client_cert), str(tls.client_key))
+        adapter = _PinnedAdapter(
+            identity_name(agent_id), pool_connections=1, pool_maxsize=self._pool_size
+        )
+        session.mount("https://", adapter)
+        sessions[agent_id] = session
+        while len(sessions) > L1_SESSIONS:
+            sessions.popitem(last=False)[1].close()
         return session
 
     def post(
@@ -62,17 +144,28 @@ class AgentTransport:
         connect_timeout: float,
         read_timeout: float,
         headers: dict[str, str] | None = None,
+        mtls_agent: str | None = None,
     ) -> AgentAnswer:
         """POST one delivery; the whole exchange ends by ``connect + read`` seconds.
 
         ``requests``' read timeout bounds each socket read, not the answer: an agent that
         trickles a byte a second would outlive the attempt's lease and be delivered twice.
         So the body is read in chunks against one deadline, and its size is capped.
+
+        ``mtls_agent``: the target is this L1 agent; it is reached over mutual TLS with its
+        identity asserted, or not at all (a ``refused`` answer).
         """
+        session = self._session()
+        if mtls_agent is not None:
+            refusal = mtls_refusal(url)
+            pinned = self._mtls_session(mtls_agent) if refusal is None else refusal
+            if isinstance(pinned, str):
+                return AgentAnswer(None, None, pinned, refused=True)
+            session = pinned
         total = connect_timeout + read_timeout
         deadline = time.monotonic() + total
         try:
-            resp = self._session().post(
+            resp = session.post(
                 url,
                 data=json.dumps(body),
                 timeout=(connect_timeout, read_timeout),
@@ -82,6 +175,15 @@ class AgentTransport:
         except requests.Timeout as exc:
             return AgentAnswer(None, None, f"timed out: {exc}")
         except requests.RequestException as exc:
+            if mtls_agent is not None and _verification_failed(exc):
+                # the agent's certificate is not the hub CA's for this agent: nothing was sent
+                return AgentAnswer(
+                    None,
+                    None,
+                    f"L1 agent {mtls_agent} failed mTLS verification (its certificate is not "
+                    f"one the hub CA issued for it): {exc}",
+                    refused=True,
+                )
             return AgentAnswer(None, None, f"{type(exc).__name__}: {exc}")
         try:
             raw = _read_body(resp, deadline, self._max_body_bytes)
@@ -107,6 +209,35 @@ class AgentTransport:
         except ValueError:
             payload = raw[:2000].decode("utf-8", "replace")
         return AgentAnswer(resp.status_code, payload)
+
+
+class _PinnedAdapter(HTTPAdapter):
+    """Connections that accept only a certificate carrying ``identity`` (whatever the URL's
+    host), checked by urllib3 after the handshake and before the request is written."""
+
+    def __init__(self, identity: str, **kwargs: Any) -> None:
+        self._identity = identity  # before super().__init__: it builds the pool manager
+        super().__init__(max_retries=0, **kwargs)
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["assert_hostname"] = self._identity
+        super().init_poolmanager(*args, **kwargs)
+
+
+def _verification_failed(exc: BaseException) -> bool:
+    """True if the chain under ``exc`` holds a certificate verification failure (chain or
+    identity), as opposed to a connection that merely broke during the handshake."""
+    seen: set[int] = set()
+    todo: list[object] = [exc]
+    while todo:
+        item = todo.pop()
+        if not isinstance(item, BaseException) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, ssl.SSLCertVerificationError | CertificateError):
+            return True
+        todo.extend((*item.args, getattr(item, "reason", None), item.__cause__, item.__context__))
+    return False
 
 
 class _AnswerTooSlow(Exception):

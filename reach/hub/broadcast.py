@@ -17,8 +17,9 @@ from sqlalchemy.orm import Session
 
 from reach.core.routing import RouteFilter, matches
 from reach.core.statuses import TERMINAL, InstanceStatus, TaskStatus
+from reach.core.trust import is_l3
 from reach.errors import NoSuitableAgent, UnknownTask
-from reach.hub import registry
+from reach.hub import registry, trust
 from reach.hub.monitoring import Policy
 from reach.hub.storage.models import BroadcastRow, TaskRow
 from reach.hub.submission import submit
@@ -34,8 +35,14 @@ def start(
     policy: Policy,
     *,
     published_at: float | None = None,
+    caller: str | None = None,
+    l3_cap: int = trust.DEFAULT_L3_CAP,
 ) -> BroadcastRow:
     """One pinned task per routable matching instance, all in this transaction.
+
+    ``caller`` (the authenticated identity starting it) owns the broadcast and its tasks.
+    L3 instances it may not reach (`reach.hub.trust`) are left out; if that leaves none,
+    the first refusal is raised.
 
     ``published_at`` marks the targets' first attempts published at commit (the caller
     publishes right after and un-marks them if the broker refuses)."""
@@ -53,6 +60,13 @@ def start(
         raise NoSuitableAgent(
             f"no routable instance matches {flt.describe()} for a broadcast", method=req.method
         )
+    if trust.agent_of(caller) is not None or any(is_l3(c.trust_level) for c in targets):
+        screened = trust.screen_candidates(
+            session, caller, targets, req.method, req.capability, req.payload, l3_cap
+        )
+        if not screened.allowed:
+            raise next(iter(screened.refused.values()))
+        targets = screened.allowed
     broadcast_id = f"b-{uuid.uuid4().hex[:16]}"
     rows = []
     for c in sorted(targets, key=lambda c: c.instance_id):
@@ -70,6 +84,8 @@ def start(
             max_retry=req.max_retry,
             look_first=False,  # a fresh broadcast id: no task can exist yet
             published_at=published_at,
+            caller=caller,
+            l3_cap=l3_cap,
         )
         rows.append(
             {"instance_id": c.instance_id, "agent_id": c.agent_id, "task_id": task["task_id"]}
@@ -81,6 +97,7 @@ def start(
         min_results=min(req.min_results or len(rows), len(rows)),
         created_at=now,
         deadline=now + req.timeout_ms / 1000,
+        caller=caller,
     )
     session.add(row)
     session.flush()

@@ -43,7 +43,14 @@ class Step:
     submitted_task: str | None = None
 
 
-def start_run(session: Session, spec: DagSpec, run_input: dict[str, Any], now: float) -> str:
+def start_run(
+    session: Session,
+    spec: DagSpec,
+    run_input: dict[str, Any],
+    now: float,
+    caller: str | None = None,
+) -> str:
+    """Record a new run; ``caller`` (the identity starting it) owns it and its tasks."""
     run_id = f"dag-{uuid.uuid4().hex[:16]}"
     session.add(
         DagRunRow(
@@ -55,6 +62,7 @@ def start_run(session: Session, spec: DagSpec, run_input: dict[str, Any], now: f
             reason="",
             created_at=now,
             updated_at=now,
+            caller=caller,
         )
     )
     for node in spec.nodes:
@@ -114,6 +122,7 @@ def advance_node(session: Session, run_id: str, node_id: str, now: float) -> Ste
                 session,
                 _node_request(run_id, node, f"{run_id}.{node_id}", payload),
                 now,
+                caller=run.caller,
             )
         except (DagError, ReachError) as exc:
             error = {"kind": type(exc).__name__, "message": exc.detail}
@@ -149,6 +158,7 @@ def advance_node(session: Session, run_id: str, node_id: str, now: float) -> Ste
                     run_id, node, f"{run_id}.{node_id}.r{run.retries}", reach_task.payload
                 ),
                 now,
+                caller=run.caller,
             )
         except ReachError as exc:  # e.g. the agent left since the first attempt
             return Step(_finish(row, failure_of(exc, f"not re-submitted: {exc.detail}"), now))

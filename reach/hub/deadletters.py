@@ -47,8 +47,9 @@ def get(session: Session, dead_id: int) -> DeadLetterRow:
     return row
 
 
-def replay(session: Session, dead_id: int, now: float) -> Publish:
-    """Give the task a fresh retry budget and a new attempt; the caller publishes it."""
+def replay(session: Session, dead_id: int, now: float, actor: str | None = None) -> Publish:
+    """Give the task a fresh retry budget and a new attempt; the caller publishes it.
+    ``actor``: the identity of the operator who replays it (recorded on the event)."""
     dead = session.get(DeadLetterRow, dead_id, with_for_update=True)
     if dead is None:
         raise UnknownTask(f"dead letter {dead_id} does not exist", dead_letter_id=dead_id)
@@ -74,5 +75,5 @@ def replay(session: Session, dead_id: int, now: float) -> Publish:
     task.next_attempt_at = now
     task.updated_at = now
     add_attempt(session, task, now, available_at=now)
-    record_event(session, task, "replayed", now, {"dead_letter_id": dead_id})
+    record_event(session, task, "replayed", now, {"dead_letter_id": dead_id}, actor=actor)
     return Publish(task.task_id, task.attempt_seq, 0.0)

@@ -30,19 +30,29 @@ from sqlalchemy import ColumnElement, Table, bindparam, case, func, insert, sele
 from sqlalchemy.orm import Session, sessionmaker
 
 from reach.core import lifecycle
+from reach.core.auth import ANONYMOUS
 from reach.core.breaker import BreakerPolicy
 from reach.core.lifecycle import TaskEvent
 from reach.core.reports import AWAITING_REPORT, Verdict, judge_report
-from reach.core.retry import Outcome, RetryPolicy, backoff_delay, classify, should_retry
+from reach.core.retry import (
+    Outcome,
+    RetryPolicy,
+    backoff_delay,
+    business_message,
+    classify,
+    should_retry,
+)
 from reach.core.routing import RouteFilter, choose_excluding
 from reach.core.statuses import TERMINAL, TaskStatus
+from reach.core.trust import is_l3
 from reach.errors import NoSuitableAgent, StaleReport, UnknownTask
 from reach.hub import breakers as breaker_store
-from reach.hub import metrics, registry
+from reach.hub import metrics, registry, trust
 from reach.hub.agent_http import AgentAnswer, AgentTransport
 from reach.hub.breakers import Breakers, Ticket
 from reach.hub.monitoring import Policy
 from reach.hub.settings import Settings
+from reach.hub.signing import Signer
 from reach.hub.storage.models import DeadLetterRow, OutboxRow, TaskEventRow, TaskRow
 from reach.hub.storage.outage import database_outage
 from reach.hub.wakeups import mark_finished
@@ -62,6 +72,10 @@ class DeliveryPolicy:
     max_deferrals: int = 50
     republish_backlog: int = 10  # queue deeper than this: overdue attempts are queued, not lost
     breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
+    sign_deliveries: bool = True  # a hub-signed reach token on every delivery
+    issuer: str = "agent-reach"  # the tokens' ``iss``
+    token_ttl_s: float = 300.0  # the tokens' lifetime (capped at 15 min)
+    l3_max_payload_bytes: int = 65_536  # the payload cap of reaches to or from an L3 agent
 
     @classmethod
     def from_settings(cls, settings: Settings) -> DeliveryPolicy:
@@ -78,6 +92,10 @@ class DeliveryPolicy:
                 min_volume=r.breaker_min_volume,
                 trial_interval_s=r.breaker_trial_interval,
             ),
+            sign_deliveries=settings.security.sign_deliveries,
+            issuer=settings.security.issuer,
+            token_ttl_s=settings.security.token_ttl_s,
+            l3_max_payload_bytes=settings.security.l3_max_payload_bytes,
         )
 
     def read_timeout_for(self, task: TaskRow) -> float:
@@ -110,6 +128,8 @@ class _Dispatch:
     agent_id: str
     read_timeout: float
     ticket: Ticket
+    trust_level: str = "L2"  # L1: reached over mutual TLS only (``AgentTransport``)
+    caller: str | None = None  # the task's caller identity: the reach token's ``sub``
 
 
 @database_outage("delivery of an attempt")
@@ -125,12 +145,15 @@ def deliver_attempt(
     rng: random.Random,
     breakers: Breakers,
     candidates: registry.CandidateCache | None = None,
+    signer: Signer | None = None,
 ) -> Publish | None:
     """Claim, route, call the agent, record the outcome. Returns a retry to publish, if any.
 
     ``breakers`` holds this process's failure windows: every answer feeds the instance's
     circuit breaker, which opens (or closes after a trial) in a transaction of its own.
     ``candidates`` lets a worker process reuse routing candidates for a moment.
+    ``signer`` mints the attempt's reach token (``dpolicy.sign_deliveries``): a worker
+    keeps one per process; without one, one is made for this call (it reads the key).
 
     The common path is two short transactions of plain statements (claim and route;
     record a success); anything unusual takes the ORM path below them. A database
@@ -155,21 +178,35 @@ def deliver_attempt(
                 error={"kind": "no_route", "message": route},
             )
         dispatch = route
+    headers = {"X-Reach-Task-Id": task_id, "X-Reach-Attempt": str(attempt_seq)}
+    if dpolicy.sign_deliveries:
+        signer = signer or Signer(sessions, issuer=dpolicy.issuer, ttl_s=dpolicy.token_ttl_s)
+        token = signer.mint(
+            subject=dispatch.caller or ANONYMOUS,
+            audience=dispatch.agent_id,
+            task_id=task_id,
+            attempt_seq=attempt_seq,
+            now=now(),
+        )
+        headers["Authorization"] = f"Bearer {token}"
     started = time.perf_counter()
     answer = transport.post(
         dispatch.url,
         dispatch.body,
         dpolicy.connect_timeout,
         dispatch.read_timeout,
-        headers={"X-Reach-Task-Id": task_id, "X-Reach-Attempt": str(attempt_seq)},
+        headers=headers,
+        mtls_agent=dispatch.agent_id if dispatch.trust_level == "L1" else None,
     )
     metrics.DELIVERY_SECONDS.observe(time.perf_counter() - started)
     outcome = classify(answer.status, answer.body)
     metrics.DELIVERY_TOTAL.labels(outcome.value).inc()
     if candidates is not None and outcome not in (Outcome.SUCCESS, Outcome.BUSINESS_ERROR):
         candidates.clear()  # something is off with this instance: route from fresh facts
-    # before the outcome, so a retry it schedules already finds the breaker open
-    breaker_store.observe(sessions, breakers, dispatch.ticket, outcome, now(), dpolicy.breaker)
+    # before the outcome, so a retry it schedules already finds the breaker open;
+    # an mTLS refusal says nothing of the instance's health (and the task ends anyway)
+    if not answer.refused:
+        breaker_store.observe(sessions, breakers, dispatch.ticket, outcome, now(), dpolicy.breaker)
     with sessions.begin() as session:
         if outcome is Outcome.SUCCESS:
             body = answer.body if isinstance(answer.body, dict) else {}
@@ -195,6 +232,7 @@ class Claimed:
     timeout_ms: int
     instance_id: str | None
     retries: int
+    caller: str | None = None  # who submitted it (``tasks.caller``): the token's ``sub``
 
 
 _T = cast(Table, TaskRow.__table__)
@@ -203,7 +241,7 @@ _EVENTS = cast(Table, TaskEventRow.__table__)
 VIEW_COLUMNS = (
     "task_id", "status", "method", "target", "agent_id", "instance_id", "attempt_seq",
     "retries", "result", "error", "trace", "session_id", "timeout_ms", "created_at",
-    "updated_at", "finished_at",
+    "updated_at", "finished_at", "caller",
 )  # fmt: skip
 
 
@@ -254,6 +292,7 @@ _CLAIM = (
         _T.c.timeout_ms,
         _T.c.instance_id,
         _T.c.retries,
+        _T.c.caller,
     )
 )
 _ASSIGN = (
@@ -343,6 +382,15 @@ def _route(
     pinned = target.get("instance_id")
     if pinned:  # a broadcast target: this instance or nothing
         candidates = [c for c in candidates if c.instance_id == pinned]
+    screened: trust.Screened | None = None
+    if any(is_l3(c.trust_level) for c in candidates):  # else: not a read more
+        screened = trust.screen_candidates(
+            session, task.caller, candidates, task.method, flt.capability, task.payload,
+            dpolicy.l3_max_payload_bytes,
+        )  # fmt: skip
+        candidates = screened.allowed
+        if not candidates:
+            return f"no instance of {flt.describe()} may be reached: {screened.reason}"
     exclude = {task.instance_id} if task.instance_id and task.retries else set()
     while True:
         try:
@@ -371,6 +419,11 @@ def _route(
     }
     if ticket.trial:
         detail["breaker_trial"] = True
+    if screened is not None:
+        if screened.refused:
+            detail["screened_out"] = sorted(screened.refused)
+        if is_l3(chosen.trust_level) or is_l3(screened.caller.trust):
+            screened.record(session, chosen, task.task_id, task.attempt_seq, now)
     _insert_event(
         session, task.task_id, chosen.agent_id, chosen.instance_id, task.attempt_seq,
         "dispatched", now, detail,
@@ -395,6 +448,8 @@ def _route(
         chosen.agent_id,
         read_timeout,
         ticket,
+        chosen.trust_level,
+        caller=task.caller,
     )
 
 
@@ -406,6 +461,7 @@ def succeed(
     detail: dict[str, Any],
     *,
     answering: tuple[int, str] | None = None,
+    actor: str | None = None,
 ) -> dict[str, Any] | None:
     """The common ending in two statements: the task becomes ``success`` unless it is
     terminal already or unknown (then the ORM path records or refuses). Its view if so.
@@ -423,7 +479,7 @@ def succeed(
     view = dict(zip(VIEW_COLUMNS, row, strict=True))
     _insert_event(
         session, task_id, view["agent_id"], view["instance_id"], view["attempt_seq"],
-        "terminal_success", now, detail,
+        "terminal_success", now, detail, actor,
     )  # fmt: skip
     mark_finished(session, task_id, view)
     metrics.TASKS_TOTAL.labels(TaskStatus.SUCCESS).inc()
@@ -439,6 +495,7 @@ def _insert_event(
     kind: str,
     now: float,
     detail: dict[str, Any],
+    actor: str | None = None,
 ) -> None:
     session.connection().execute(
         _ADD_EVENT,
@@ -450,6 +507,7 @@ def _insert_event(
             "kind": kind,
             "detail": detail,
             "at": now,
+            "actor": actor,
         },
     )
 
@@ -481,10 +539,11 @@ def record_outcome(
         raw_code = body.get("code")
         code = raw_code if isinstance(raw_code, int) and not isinstance(raw_code, bool) else None
         code = answer.status if code is None else code
+        message = str(body.get("message") or answer.body)
         error = {
             "kind": "business",
             "code": code,
-            "message": str(body.get("message") or answer.body)[:2000],
+            "message": business_message(answer.status, message)[:2000],
             "http_status": answer.status,
         }
         finish(
@@ -504,6 +563,15 @@ def record_outcome(
             now,
             {"outcome": outcome.value, "attempt_seq": d.attempt_seq},
         )
+        return None
+    if answer.refused:  # an L1 agent the hub may not reach as it is: no retry would help
+        error = {
+            "kind": answer.error_kind,
+            "http_status": None,
+            "message": (answer.error or "")[:2000],
+            "instance_id": d.instance_id,
+        }
+        dead_letter(session, task, now, reason="refused by mTLS (L1)", error=error)
         return None
     if outcome is Outcome.ACCEPTED:
         task.status = lifecycle.transition(TaskStatus(task.status), TaskEvent.ACCEPT)
@@ -591,10 +659,13 @@ def finish(
     result: Any = None,
     error: dict[str, Any] | None = None,
     detail: dict[str, Any] | None = None,
+    actor: str | None = None,
 ) -> bool:
-    """Make the task terminal (``status``) unless it already is: first terminal result wins."""
+    """Make the task terminal (``status``) unless it already is: first terminal result wins.
+    ``actor``: who caused it, when not the hub itself (an agent's reported result)."""
     if task.status in TERMINAL:
-        record_event(session, task, "duplicate_result", now, {"status": status, **(detail or {})})
+        duplicate = {"status": status, **(detail or {})}
+        record_event(session, task, "duplicate_result", now, duplicate, actor=actor)
         return False
     status = lifecycle.transition(TaskStatus(task.status), lifecycle.ending(status))
     task.status = status
@@ -607,7 +678,12 @@ def finish(
     kind = "terminal_success" if status is TaskStatus.SUCCESS else "terminal_failure"
     mark_finished(session, task.task_id, task_view(task))
     record_event(
-        session, task, kind, now, {**(detail or {}), **({"error": error} if error else {})}
+        session,
+        task,
+        kind,
+        now,
+        {**(detail or {}), **({"error": error} if error else {})},
+        actor=actor,
     )
     metrics.TASKS_TOTAL.labels(status).inc()
     return True
@@ -674,8 +750,15 @@ def _holds_lease(task: TaskRow, d: _Dispatch) -> bool:
 
 
 def record_event(
-    session: Session, task: TaskRow, kind: str, now: float, detail: dict[str, Any]
+    session: Session,
+    task: TaskRow,
+    kind: str,
+    now: float,
+    detail: dict[str, Any],
+    *,
+    actor: str | None = None,
 ) -> None:
+    """One task event; ``actor`` is the identity that caused it (None: the hub's own step)."""
     session.add(
         TaskEventRow(
             task_id=task.task_id,
@@ -685,6 +768,7 @@ def record_event(
             kind=kind,
             detail=detail,
             at=now,
+            actor=actor,
         )
     )
 
@@ -704,6 +788,7 @@ def record_report(
     *,
     attempt_seq: int,
     instance_id: str,
+    actor: str | None = None,
 ) -> bool | StaleReport:
     """Record an agent's reported answer (after its 202).
 
@@ -716,7 +801,7 @@ def record_report(
     detail = {"reported_by": instance_id, "attempt_seq": attempt_seq, "late_report": True}
     answering = (attempt_seq, instance_id)
     if code == 0 and (
-        succeed(session, task_id, data, now, detail, answering=answering) is not None
+        succeed(session, task_id, data, now, detail, answering=answering, actor=actor) is not None
     ):
         return True  # the common case, without loading the row
     task = load_for_update(session, task_id)
@@ -724,11 +809,13 @@ def record_report(
         raise UnknownTask(f"task {task_id!r} does not exist", task_id=task_id)
     current = (TaskStatus(task.status), task.attempt_seq, task.instance_id)
     if judge_report(*current, attempt_seq, instance_id) is Verdict.STALE:
-        return refuse_report(session, task, "result", attempt_seq, instance_id, now)
+        return refuse_report(session, task, "result", attempt_seq, instance_id, now, actor)
     if code == 0:
-        return finish(session, task, TaskStatus.SUCCESS, now, result=data, detail=detail)
+        return finish(
+            session, task, TaskStatus.SUCCESS, now, result=data, detail=detail, actor=actor
+        )
     error = {"kind": "business", "code": code, "message": message[:2000]}
-    return finish(session, task, TaskStatus.FAILED, now, error=error, detail=detail)
+    return finish(session, task, TaskStatus.FAILED, now, error=error, detail=detail, actor=actor)
 
 
 def report_progress(
@@ -739,6 +826,7 @@ def report_progress(
     *,
     attempt_seq: int,
     instance_id: str,
+    actor: str | None = None,
 ) -> StaleReport | None:
     """Record progress of the attempt in flight; a `StaleReport` (recorded, as for a
     result) if the report names another attempt or instance. Late progress of a
@@ -750,13 +838,19 @@ def report_progress(
         TaskStatus(task.status), task.attempt_seq, task.instance_id, attempt_seq, instance_id
     )
     if verdict is Verdict.STALE:
-        return refuse_report(session, task, "progress", attempt_seq, instance_id, now)
-    record_event(session, task, "progress", now, detail)
+        return refuse_report(session, task, "progress", attempt_seq, instance_id, now, actor)
+    record_event(session, task, "progress", now, detail, actor=actor)
     return None
 
 
 def refuse_report(
-    session: Session, task: TaskRow, report: str, attempt_seq: int, instance_id: str, now: float
+    session: Session,
+    task: TaskRow,
+    report: str,
+    attempt_seq: int,
+    instance_id: str,
+    now: float,
+    actor: str | None = None,
 ) -> StaleReport:
     """Record a refused report (who claimed what, and what the task waits on) as a task
     event that leaves the task as it is; the error names only what the reporter sent."""
@@ -767,6 +861,7 @@ def refuse_report(
             instance_id=instance_id,
             attempt_seq=attempt_seq,
             kind="report_refused",
+            actor=actor,
             detail={
                 "report": report,
                 "claimed_instance_id": instance_id,

@@ -39,6 +39,11 @@ STATUS_TRANSITIONS_TOTAL = Counter(
 )
 ALERTS_TOTAL = Counter("agentreach_alerts_total", "Reachability alerts raised.", ["alert"])
 HEARTBEATS_TOTAL = Counter("agentreach_heartbeats_total", "Heartbeats received.")
+AUTH_REFUSALS_TOTAL = Counter(
+    "agentreach_auth_refusals_total",
+    "API requests refused: no valid credential, outside its scope, or not its agent.",
+    ["reason"],
+)
 
 
 InstanceRows = Callable[[], Iterable[dict[str, Any]]]

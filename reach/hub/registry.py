@@ -261,6 +261,7 @@ def load_candidates(
                 metadata=declared.metadata,
                 breaker_open_until=inst.breaker_open_until,
                 breaker_opened_at=inst.breaker_opened_at or 0.0,
+                trust_level=agent.trust_level or "L2",
             )
         )
     return out

@@ -25,7 +25,9 @@ from reach.core.breaker import BreakerState
 from reach.core.breaker import state as breaker_state
 from reach.core.routing import Declaration, RouteFilter, eligibility
 from reach.core.statuses import InstanceStatus, TaskStatus
-from reach.errors import CircuitOpen, InvalidPayload, NoSuitableAgent, TaskConflict
+from reach.core.trust import is_l3
+from reach.errors import CircuitOpen, InvalidPayload, NoSuitableAgent, ReachError, TaskConflict
+from reach.hub import trust
 from reach.hub.delivery import VIEW_COLUMNS, task_view
 from reach.hub.registry import CANDIDATE_LIMIT, prefilter
 from reach.hub.storage.models import AgentRow, InstanceRow, OutboxRow, TaskEventRow, TaskRow
@@ -66,6 +68,8 @@ def submit(
     max_retry: int | None = None,
     published_at: float | None = None,
     look_first: bool = True,
+    caller: str | None = None,
+    l3_cap: int = trust.DEFAULT_L3_CAP,
 ) -> tuple[dict[str, Any], bool]:
     """Create the task (or find the existing one with this task_id): (its view, created).
 
@@ -75,6 +79,14 @@ def submit(
     and un-marks it if that fails (one transaction instead of two on the hot path).
     ``look_first=False`` skips the read for an existing ``task_id``: the unique index
     refuses a duplicate at flush (IntegrityError) and the caller retries looking first.
+    ``caller`` is the authenticated identity submitting it (`Principal.identity`), never
+    a field of the request: only the same identity may resubmit a task_id and be given
+    the task; anyone else is told the id is taken, as for a different task.
+
+    A reach to or from an L3 agent passes its screen (`reach.hub.trust`, with ``l3_cap``
+    the payload cap): a refusal (`Forbidden`, `RequestTooLarge`) is raised before anything
+    of the task is written, with its audit row in the session -- a caller that commits
+    after catching it keeps the record and nothing else.
     """
     target = target_of(req)
     if pin_instance:
@@ -82,10 +94,11 @@ def submit(
     if req.task_id is not None and look_first:
         existing = session.scalar(select(TaskRow).where(TaskRow.task_id == req.task_id))
         if existing is not None:
-            same = (existing.target, existing.method, existing.payload) == (
+            same = (existing.target, existing.method, existing.payload, existing.caller) == (
                 target,
                 req.method,
                 req.payload,
+                caller,
             )
             if not same:
                 raise TaskConflict(
@@ -93,8 +106,8 @@ def submit(
                     task_id=req.task_id,
                 )
             return task_view(existing), False
-    _check_target(session, req, now)
     task_id = req.task_id or f"t-{uuid.uuid4().hex}"
+    _check_target(session, req, now, task_id=task_id, caller=caller, l3_cap=l3_cap)
     trace = (
         req.trace.model_dump()
         if req.trace
@@ -120,6 +133,7 @@ def submit(
         "deferrals": 0,
         "max_retry": max_retry,
         "last_published_at": published_at,
+        "caller": caller,
     }
     # plain inserts (the hot path of every submit: the ORM's unit of work cost more)
     conn = session.connection()
@@ -134,6 +148,7 @@ def submit(
             "kind": "accepted",
             "detail": {"target": target},
             "at": now,
+            "actor": caller,
         },
     )
     conn.execute(
@@ -158,7 +173,15 @@ _ADD_EVENT = insert(cast(Table, TaskEventRow.__table__))
 _ADD_OUTBOX = insert(cast(Table, OutboxRow.__table__))
 
 
-def _check_target(session: Session, req: SubmitRequest, now: float) -> None:
+def _check_target(
+    session: Session,
+    req: SubmitRequest,
+    now: float,
+    *,
+    task_id: str | None = None,
+    caller: str | None = None,
+    l3_cap: int = trust.DEFAULT_L3_CAP,
+) -> None:
     """At least one registered agent must be eligible (`reach.core.routing.eligibility`,
     the rule delivery routes by) and accept the payload, and not every instance of the
     eligible agents may have its circuit breaker open.
@@ -194,6 +217,8 @@ def _check_target(session: Session, req: SubmitRequest, now: float) -> None:
                 continue
         matched.append(agent.agent_id)
     if matched:
+        trusts = {a: agents[a].trust_level for a in matched}
+        matched = _screen(session, req, trusts, now, task_id, caller, l3_cap)
         _check_breakers(matched, [(a, u) for a in matched for u in breakers[a]], now)
         return
     if schema_errors:
@@ -227,6 +252,59 @@ def _check_target(session: Session, req: SubmitRequest, now: float) -> None:
 _HINT_LIMIT = 20
 
 
+def _screen(
+    session: Session,
+    req: SubmitRequest,
+    trusts: dict[str, str | None],
+    now: float,
+    task_id: str | None,
+    caller: str | None,
+    l3_cap: int,
+) -> list[str]:
+    """The eligible agents this caller may reach under the L3 rules; raises the refusal
+    when there is none (an explicit L3 target refused, an L3 caller outside its
+    allow-list, every agent of a route refused). Without an L3 agent at either end this
+    costs nothing but, for an agent caller, one primary-key read of its trust level.
+
+    A submission involving an L3 agent leaves one audit row, allowed or refused; which
+    L3 instance a route ends at is recorded again at delivery."""
+    any_l3 = any(map(is_l3, trusts.values()))
+    if not any_l3 and trust.agent_of(caller) is None:
+        return list(trusts)
+    sender = trust.caller_party(session, caller)
+    if not any_l3 and not is_l3(sender.trust):
+        return list(trusts)
+    invoked = trust.invoked_by(req.method, req.capability)
+    allowed: list[str] = []
+    refused: dict[str, ReachError] = {}
+    for agent_id, level in trusts.items():
+        target = trust.party(session, agent_id, level)
+        refusal = trust.judge(sender, caller, target, invoked, req.payload, l3_cap)
+        if refusal is None:
+            allowed.append(agent_id)
+        else:
+            refused[agent_id] = refusal
+    first = None if allowed else next(iter(refused.values()))
+    named = trust.Party(req.agent_id, trusts[req.agent_id]) if req.agent_id else None
+    trust.record_reach(
+        session,
+        identity=caller,
+        caller=sender,
+        target=named or trust.Party(None, None),
+        invoked=invoked,
+        now=now,
+        task_id=task_id if first is None or req.task_id else None,  # no task: no made-up id
+        refusal=first,
+        extra={
+            "route": {k: v for k, v in target_of(req).items() if v},
+            **({"screened_out": sorted(refused)} if refused and allowed else {}),
+        },
+    )
+    if first is not None:
+        raise first
+    return allowed
+
+
 def _targets(flt: RouteFilter, method: str | None, limit: int = CANDIDATE_LIMIT) -> Any:
     """The live instances (with their agents' declarations) that may be eligible."""
     return (
@@ -235,6 +313,7 @@ def _targets(flt: RouteFilter, method: str | None, limit: int = CANDIDATE_LIMIT)
             AgentRow.tags,
             AgentRow.capabilities,
             AgentRow.meta,
+            AgentRow.trust_level,
             InstanceRow.breaker_open_until,
         )
         .join(AgentRow, AgentRow.agent_id == InstanceRow.agent_id)

@@ -11,7 +11,9 @@
 ``asgi_app()`` serves the same routes as ``serve()`` (see ``reach.sdk.asgi``): run it with
 ``uvicorn module:app``, or ``fastapi_app.mount("/reach", app)`` with
 ``FastAPI(lifespan=app.lifespan)`` and ``addr="http://host:port/reach"`` so the hub's
-deliveries find the mount.
+deliveries find the mount. An L1 (mutual TLS) agent passes ``tls=reach.TLSConfig(...)``
+and an ``https://`` addr; ``reach.sdk.tls`` says how to run the ASGI app under uvicorn
+with the same certificates.
 
 The heartbeat runs in its own thread with its own HTTP session, so a handler that hogs
 its worker cannot stop the hub from hearing that the process is alive — and the load
@@ -43,6 +45,7 @@ from reach.errors import (
     HubUnavailable,
     InvalidRegistration,
     ReachError,
+    SecurityError,
     StaleReport,
     UnknownInstance,
 )
@@ -55,7 +58,9 @@ from reach.sdk.dedup import (
     SqliteIdempotencyGuard,
 )
 from reach.sdk.dispatch import Reply, TaskCall, dispatch
-from reach.sdk.hub_client import HubClient
+from reach.sdk.hub_client import API_KEY_ENV, HubClient, resolve_api_key
+from reach.sdk.tls import TLSConfig, TLSHTTPServer
+from reach.sdk.tokens import TokenVerifier
 
 if TYPE_CHECKING:
     from reach.sdk.asgi import AgentApp
@@ -90,9 +95,20 @@ class Agent:
         dedup_ttl: float = DEFAULT_TTL_S,
         dedup_store: str | os.PathLike[str] | None = None,
         dedup: IdempotencyGuard | None = None,
+        api_key: str | None = None,
+        tls: TLSConfig | None = None,
+        verify_tokens: bool = True,
     ) -> None:
         """``dedup_store``: a SQLite file that keeps answers across restarts (one process
-        per file), instead of memory; ``dedup``: a guard of your own (bounds included)."""
+        per file), instead of memory; ``dedup``: a guard of your own (bounds included).
+
+        ``api_key`` (default ``$REACH_API_KEY``): this agent's credential, for registration,
+        heartbeats and reports, and the default key of reaches sent from its handlers.
+
+        ``verify_tokens``: check the hub-signed reach token of every delivery and answer
+        401 without running a handler when it is missing, forged, expired, replayed or
+        for someone else (``reach.sdk.tokens``); turn it off only for an agent that is
+        not reached through a hub."""
         if not addr:
             raise InvalidRegistration("addr is required: the host:port the agent binds to")
         try:
@@ -125,7 +141,18 @@ class Agent:
         )
         if refused is not None:  # fail here, on the author's machine, not at registration
             raise refused.error()
-        self.hub = HubClient(hub)
+        self.tls = _checked_tls(tls, addr, public_endpoint)
+        # Resolved once, from the environment only (not from a handler this runs inside).
+        self._api_key = resolve_api_key(
+            api_key if api_key is not None else os.environ.get(API_KEY_ENV, "")
+        )
+        self.hub = HubClient(hub, api_key=self._api_key or "")
+        # the hub's public keys are open: fetched on the pooled session, without the key
+        self.tokens = (
+            TokenVerifier(HubClient(self.hub.base_url, shared=True, api_key=""), agent_id)
+            if verify_tokens
+            else None
+        )
         self._routes: dict[str, Handler] = {}
         # Answers kept for redeliveries: bounded in total bytes and in age, not only count.
         if dedup is not None and dedup_store is not None:
@@ -251,6 +278,13 @@ class Agent:
                 self.heartbeat()
             except HubUnavailable as exc:
                 log.warning("heartbeat failed, hub unavailable: %s", exc)
+            except SecurityError as exc:  # the hub's detail names the key id at most
+                log.error(
+                    "heartbeat of %s refused (%s): check this agent's API key: %s",
+                    self.agent_id,
+                    type(exc).__name__,
+                    exc,
+                )
             except ReachError as exc:
                 log.error("heartbeat refused by hub: %s", exc)
             except Exception:
@@ -258,9 +292,17 @@ class Agent:
 
     # -- serving --------------------------------------------------------------------------
     def start(self) -> None:
-        """Bind the HTTP server, register and start heartbeats; returns at once."""
+        """Bind the HTTP server, register and start heartbeats; returns at once.
+
+        A hub that is down is waited for (heartbeats register later); a hub that refuses
+        this agent's key raises ``Unauthenticated`` or ``Forbidden`` here, server closed."""
         bind = parse_endpoint(self.declaration.addr)
-        server = ThreadingHTTPServer((bind.host, bind.port), _make_request_handler(self))
+        handler = _make_request_handler(self)
+        server = (
+            TLSHTTPServer((bind.host, bind.port), handler, self.tls)
+            if self.tls is not None
+            else ThreadingHTTPServer((bind.host, bind.port), handler)
+        )
         server.daemon_threads = True
         self._server = server
         self._server_thread = threading.Thread(
@@ -333,8 +375,27 @@ class Agent:
         self.close()
 
     # -- execution ------------------------------------------------------------------------
+    def admit(
+        self, body: Mapping[str, Any], authorization: str | None
+    ) -> tuple[int, dict[str, Any]] | None:
+        """Check a delivery's reach token (``Authorization`` header) before `invoke`: None
+        to go on, else the answer to give instead (401, or 503 when it cannot be checked
+        yet). Nothing of the delivery is remembered when it is refused."""
+        if self.tokens is None:
+            return None
+        refusal = self.tokens.check(authorization, body)
+        if refusal is None:
+            return None
+        log.warning(
+            "refused a delivery of task %r to %s: %s (status %d)",
+            body.get("task_id"), self.agent_id, refusal.message, refusal.status,
+        )  # fmt: skip
+        return refusal.answer()
+
     def invoke(self, method: str, body: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
-        """Run one delivery; returns (HTTP status, JSON envelope)."""
+        """Run one delivery; returns (HTTP status, JSON envelope).
+
+        It trusts its caller: the HTTP servers call `admit` first (``reach.sdk.dispatch``)."""
         handler = self._routes.get(method)
         if handler is None:
             return 404, {"code": 404, "message": f"no handler for method {method!r}"}
@@ -366,7 +427,9 @@ class Agent:
         status: int
         reply: dict[str, Any]
         try:
-            with trace.handling(task_id, body.get("trace"), self.agent_id, self.hub.base_url):
+            with trace.handling(
+                task_id, body.get("trace"), self.agent_id, self.hub.base_url, self._api_key
+            ):
                 value = handler(task_id, payload)
             if value is ACCEPTED:
                 status, reply = 202, {"code": 0, "accepted": True}
@@ -420,6 +483,7 @@ class Agent:
             attempt_seq=seq,
             instance_id=self.instance_id,
             hub=self.hub.base_url,
+            api_key=self._api_key or "",
         )
 
     def report_progress(
@@ -439,6 +503,7 @@ class Agent:
             attempt_seq=self._attempt_to_report(task_id, attempt_seq),
             instance_id=self.instance_id,
             hub=self.hub.base_url,
+            api_key=self._api_key or "",
         )
 
     def _attempt_to_report(self, task_id: str, attempt_seq: int | None) -> int:
@@ -460,6 +525,21 @@ class _Accepted:
 
 
 ACCEPTED = _Accepted()
+
+
+def _checked_tls(tls: TLSConfig | None, addr: str, public_endpoint: str | None) -> TLSConfig | None:
+    """With ``tls``, the hub must be told to use https: both addresses must say so, and the
+    files must load (checked here, not at the first connection)."""
+    if tls is None:
+        return None
+    for field, value in (("addr", addr), ("public_endpoint", public_endpoint)):
+        if value is not None and parse_endpoint(value).scheme != "https":
+            raise InvalidRegistration(
+                f"{field}: an agent served with tls= must be reached at https://..., got {value!r}",
+                field=field,
+            )
+    tls.server_context()
+    return tls
 
 
 def _duplicate_wait(body: Mapping[str, Any]) -> float:
@@ -488,7 +568,8 @@ def _make_request_handler(agent: Agent) -> type[BaseHTTPRequestHandler]:
         def _dispatch(self) -> None:
             path = unquote(urlsplit(self.path).path)
             length = self.headers.get("Content-Length")
-            routed = dispatch(agent, self.command, path, length, root)
+            authorization = self.headers.get("Authorization")
+            routed = dispatch(agent, self.command, path, length, root, authorization)
             if isinstance(routed, TaskCall):
                 routed = routed.run(self.rfile.read(int(length or 0)))
             elif length not in (None, "0"):

@@ -96,8 +96,9 @@ class AgentApp:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         length = _header(scope, b"content-length")
+        authorization = _header(scope, b"authorization")
         root = scope.get("root_path") or self._declared_root
-        routed = dispatch(self.agent, scope["method"], scope["path"], length, root)
+        routed = dispatch(self.agent, scope["method"], scope["path"], length, root, authorization)
         if isinstance(routed, TaskCall):
             try:
                 raw = await _read_body(receive)

@@ -7,7 +7,11 @@ Errors are typed: ``NoSuitableAgent``, ``InvalidPayload`` and ``CircuitOpen`` (e
 matching instance is failing; ``.extra["retry_after"]`` says when to try again) at submit,
 ``BusinessError`` (the agent said no), ``DeadLettered`` (retries exhausted;
 ``AgentUnreachable`` or ``AgentTimeout`` say why in ``.cause``) and ``ResultTimeout`` from
-``wait_for_result``.
+``wait_for_result``; ``Unauthenticated`` (no valid key) and ``Forbidden`` (a key outside
+its scope) from any call.
+
+Every function takes ``api_key``; by default, inside a handler, that agent's own key, else
+``$REACH_API_KEY`` (see ``reach.sdk.hub_client.default_api_key``).
 """
 
 from __future__ import annotations
@@ -23,9 +27,9 @@ from reach.sdk import trace
 from reach.sdk.hub_client import HubClient
 
 
-def _client(hub: str | None, read_timeout: float = 10.0) -> HubClient:
+def _client(hub: str | None, read_timeout: float = 10.0, api_key: str | None = None) -> HubClient:
     """A client on this process's pooled session for the hub (see ``hub_client``)."""
-    return HubClient(hub, read_timeout=read_timeout, shared=True)
+    return HubClient(hub, read_timeout=read_timeout, shared=True, api_key=api_key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +60,7 @@ def send(
     timeout_ms: int = 30_000,
     session_id: str | None = None,
     hub: str | None = None,
+    api_key: str | None = None,
 ) -> Submission:
     """Submit one task; idempotent on ``task_id`` (resubmitting returns the same task)."""
     body: dict[str, Any] = {
@@ -70,7 +75,7 @@ def send(
         "session_id": session_id,
         "trace": trace.child_of(trace.current()),
     }
-    answer = _client(hub).post(
+    answer = _client(hub, api_key=api_key).post(
         "/v1/tasks", {k: v for k, v in body.items() if v is not None}, keys=_SUBMITTED
     )
     return Submission(answer["task_id"], answer["status"])
@@ -81,15 +86,21 @@ _VIEW = ("task_id", "status", "attempt_seq")
 _BROADCAST = ("broadcast_id", "complete", "reason", "succeeded", "results")
 
 
-def get_task(task_id: str, *, wait: float = 0.0, hub: str | None = None) -> dict[str, Any]:
-    client = _client(hub, read_timeout=wait + 10)
+def get_task(
+    task_id: str, *, wait: float = 0.0, hub: str | None = None, api_key: str | None = None
+) -> dict[str, Any]:
+    """The task's view (long-polls up to ``wait`` s for a change); a task the key may not
+    read raises ``UnknownTask``, like one that does not exist."""
+    client = _client(hub, read_timeout=wait + 10, api_key=api_key)
     return client.get(f"/v1/tasks/{task_id}", params={"wait": wait} if wait else None, keys=_VIEW)
 
 
-def wait_for_result(task_id: str, timeout: float = 60.0, *, hub: str | None = None) -> TaskResult:
+def wait_for_result(
+    task_id: str, timeout: float = 60.0, *, hub: str | None = None, api_key: str | None = None
+) -> TaskResult:
     """Block until the task is terminal; return its data or raise the typed error."""
     deadline = time.monotonic() + timeout
-    client = _client(hub, read_timeout=40.0)
+    client = _client(hub, read_timeout=40.0, api_key=api_key)
     while True:
         left = deadline - time.monotonic()
         view = client.get(
@@ -142,6 +153,7 @@ def report_result(
     attempt_seq: int | None = None,
     instance_id: str | None = None,
     hub: str | None = None,
+    api_key: str | None = None,
 ) -> bool:
     """Report the result of a task answered with 202; True if this report decided it.
 
@@ -157,7 +169,7 @@ def report_result(
         "attempt_seq": attempt_seq,
         "instance_id": instance_id,
     }
-    answer = _client(hub).post(
+    answer = _client(hub, api_key=api_key).post(
         f"/v1/tasks/{task_id}/result",
         {k: v for k, v in body.items() if v is not None},
         keys=("decided",),
@@ -174,6 +186,7 @@ def report_progress(
     attempt_seq: int | None = None,
     instance_id: str | None = None,
     hub: str | None = None,
+    api_key: str | None = None,
 ) -> None:
     """Report progress of an accepted task; named like a result (see `report_result`)."""
     body = {
@@ -183,7 +196,7 @@ def report_progress(
         "attempt_seq": attempt_seq,
         "instance_id": instance_id,
     }
-    _client(hub).post(
+    _client(hub, api_key=api_key).post(
         f"/v1/tasks/{task_id}/progress", {k: v for k, v in body.items() if v is not None}
     )
 
@@ -212,6 +225,7 @@ def broadcast(
     min_results: int | None = None,
     timeout: float = 30.0,
     hub: str | None = None,
+    api_key: str | None = None,
 ) -> BroadcastResult:
     """Send to every routable instance matching ``capability``/``tags`` and gather results.
 
@@ -227,7 +241,7 @@ def broadcast(
         "min_results": min_results,
         "timeout_ms": max(1, int(timeout * 1000)),
     }
-    client = _client(hub, read_timeout=timeout + 15)
+    client = _client(hub, read_timeout=timeout + 15, api_key=api_key)
     view = client.post(
         "/v1/broadcasts", {k: v for k, v in body.items() if v is not None}, keys=_BROADCAST
     )

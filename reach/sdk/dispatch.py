@@ -4,7 +4,8 @@ The built-in server (``Agent.serve``) and the ASGI app (``Agent.asgi_app``) both
 through `dispatch`, so ``GET /healthz``, ``POST /tasks/{method}``, the body limit and the
 404/400/413/429 answers cannot drift apart. Routing needs only the request line and the
 declared length; the body is read by the server (blocking or async, its business) and
-handed to `TaskCall.run`, which runs the handler and blocks until it is done.
+handed to `TaskCall.run`, which checks the delivery's reach token (``Agent.admit``), runs
+the handler and blocks until it is done.
 """
 
 from __future__ import annotations
@@ -31,19 +32,25 @@ class Reply:
 
 @dataclass(frozen=True, slots=True)
 class TaskCall:
-    """A delivery routed to ``method``; its body is still to be read."""
+    """A delivery routed to ``method``; its body is still to be read. ``authorization``
+    is the request's header: the hub's reach token, checked before anything runs."""
 
     agent: Agent
     method: str
+    authorization: str | None = None
 
     def run(self, raw: bytes) -> Reply:
-        """Parse the body and run the delivery (blocking: call it off any event loop)."""
+        """Parse the body, check its token, run the delivery (blocking: call it off any
+        event loop)."""
         try:
             body = json.loads(raw or b"{}")
         except ValueError:
             return _refused(400, "body is not JSON")
         if not isinstance(body, dict):
             return _refused(400, "body must be a JSON object")
+        refused = self.agent.admit(body, self.authorization)
+        if refused is not None:
+            return Reply(*refused)
         return Reply(*self.agent.invoke(self.method, body))
 
 
@@ -52,7 +59,12 @@ NOT_FOUND = Reply(404, {"code": 404, "message": "not found"})
 
 
 def dispatch(
-    agent: Agent, verb: str, path: str, content_length: str | None, root: str = ""
+    agent: Agent,
+    verb: str,
+    path: str,
+    content_length: str | None,
+    root: str = "",
+    authorization: str | None = None,
 ) -> Reply | TaskCall:
     """Route one request: an answer at once, or a `TaskCall` waiting for the body.
 
@@ -81,7 +93,7 @@ def dispatch(
         return _refused(400, "Content-Length is negative")
     if length > MAX_REQUEST_BYTES:
         return TOO_LARGE
-    return TaskCall(agent, route[len(_TASKS) :])
+    return TaskCall(agent, route[len(_TASKS) :], authorization)
 
 
 def _below(path: str, root: str) -> str:

@@ -9,6 +9,10 @@ The caller's functions (``send``, ``wait_for_result`` ...) share one pooled sess
 process and hub (`shared_session`): a TCP (and TLS) handshake per call would cost more
 than most calls. An ``Agent`` keeps a session of its own for heartbeats, so business
 traffic can never hold up the signal that the process is alive.
+
+Credentials go per request (``Authorization: Bearer <key>``), never on a session: one
+process may call one hub with several keys over the same pooled connections. The key is
+kept out of reprs, logs and error details (a detail that echoes it is scrubbed).
 """
 
 from __future__ import annotations
@@ -20,9 +24,19 @@ from typing import Any
 import requests
 from requests.adapters import HTTPAdapter
 
-from reach.errors import HubUnavailable, ProtocolError, error_for_problem
+from reach.errors import (
+    ConfigError,
+    Forbidden,
+    HubUnavailable,
+    ProtocolError,
+    ReachError,
+    SecurityError,
+    Unauthenticated,
+    error_for_problem,
+)
 
 DEFAULT_HUB_URL = "http://127.0.0.1:8800"
+API_KEY_ENV = "REACH_API_KEY"
 
 
 def default_hub_url() -> str:
@@ -32,6 +46,43 @@ def default_hub_url() -> str:
     return (trace.hub_of_current() or os.environ.get("REACH_HUB_URL") or DEFAULT_HUB_URL).rstrip(
         "/"
     )
+
+
+def default_api_key() -> str | None:
+    """Inside a handler, its agent's key; else ``$REACH_API_KEY``; else none."""
+    from reach.sdk import trace
+
+    return trace.api_key_of_current() or os.environ.get(API_KEY_ENV) or None
+
+
+def resolve_api_key(api_key: str | None) -> str | None:
+    """The key a client sends: ``api_key``, or `default_api_key` when it is None; ``""``
+    means none at all. Surrounding whitespace (a newline from a file) is dropped; a key
+    with whitespace or control characters inside is refused without echoing it."""
+    key = default_api_key() if api_key is None else api_key
+    key = (key or "").strip()
+    if not key:
+        return None
+    if not all("!" <= ch <= "~" for ch in key):
+        raise ConfigError(
+            f"api_key (or ${API_KEY_ENV}) is not a valid API key: it holds whitespace, "
+            "control or non-ASCII characters (expected rk_<id>_<secret>)"
+        )
+    return key
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """The headers that carry a resolved key (none without one)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def redact(text: str, api_key: str | None) -> str:
+    """``text`` with the key replaced by its public part (``rk_<id>_…``)."""
+    if not api_key or api_key not in text:
+        return text
+    key_id, _, rest = api_key.removeprefix("rk_").partition("_")
+    shown = f"rk_{key_id}_…" if rest and api_key.startswith("rk_") else "<api key>"
+    return text.replace(api_key, shown)
 
 
 # Connections kept per hub: as many as threads of one process usually call it at once.
@@ -86,7 +137,10 @@ def shared_session(hub: str) -> requests.Session:
 
 class HubClient:
     """Calls to one hub. ``shared=True`` uses the process's pooled session for that hub
-    (`shared_session`); otherwise the client owns a session, closed by `close`."""
+    (`shared_session`); otherwise the client owns a session, closed by `close`.
+
+    ``api_key``: sent with every request; None takes `default_api_key`, ``""`` sends none.
+    """
 
     def __init__(
         self,
@@ -95,11 +149,23 @@ class HubClient:
         connect_timeout: float = 3.0,
         read_timeout: float = 10.0,
         shared: bool = False,
+        api_key: str | None = None,
     ) -> None:
         self.base_url = (hub or default_hub_url()).rstrip("/")
         self.timeout = (connect_timeout, read_timeout)
         self.shared = shared
+        self._api_key = resolve_api_key(api_key)
+        self._headers = auth_headers(self._api_key)
         self._http = shared_session(self.base_url) if shared else requests.Session()
+
+    @property
+    def authenticated(self) -> bool:
+        """Whether this client sends an API key."""
+        return self._api_key is not None
+
+    def __repr__(self) -> str:
+        key = "set" if self._api_key else "none"
+        return f"HubClient({self.base_url!r}, api_key={key}, shared={self.shared})"
 
     def close(self) -> None:
         if not self.shared:  # the pooled session outlives its clients
@@ -117,19 +183,57 @@ class HubClient:
         """GET ``path``; the answer must be a JSON object holding ``keys``."""
         return self._request("GET", path, keys, params=params)
 
+    def put(self, path: str, body: dict[str, Any], *, keys: tuple[str, ...] = ()) -> dict[str, Any]:
+        """PUT ``body`` (the admin API sets a value this way); as `post` otherwise."""
+        return self._request("PUT", path, keys, json=body)
+
+    def delete(
+        self, path: str, body: dict[str, Any] | None = None, *, keys: tuple[str, ...] = ()
+    ) -> dict[str, Any]:
+        """DELETE ``path`` (with a JSON ``body`` naming what to remove, if given)."""
+        return self._request("DELETE", path, keys, json=body)
+
     def _request(
         self, method: str, path: str, keys: tuple[str, ...], **kwargs: Any
     ) -> dict[str, Any]:
         url = self.base_url + path
         try:
-            resp = self._http.request(method, url, timeout=self.timeout, **kwargs)
-        except requests.Timeout as exc:
-            raise HubUnavailable(f"hub at {self.base_url} did not answer in time: {exc}") from exc
+            resp = self._http.request(
+                method, url, timeout=self.timeout, headers=self._headers, **kwargs
+            )
         except requests.RequestException as exc:
-            raise HubUnavailable(f"hub at {self.base_url} is unreachable: {exc}") from exc
+            detail = redact(str(exc), self._api_key)
+            what = (
+                "did not answer in time" if isinstance(exc, requests.Timeout) else "is unreachable"
+            )
+            # the cause is dropped when its text holds the key (a traceback would show it)
+            cause = exc if detail == str(exc) else None
+            raise HubUnavailable(f"hub at {self.base_url} {what}: {detail}") from cause
         if resp.status_code >= 400:
-            raise error_for_problem(_json_or_empty(resp), resp.status_code)
+            problem = _scrubbed(_json_or_empty(resp), self._api_key)
+            raise _refusal(error_for_problem(problem, resp.status_code), resp.status_code)
         return _expected(resp, keys, f"{method} {self.base_url}{path}")
+
+
+def _refusal(error: ReachError, status: int) -> ReachError:
+    """A 401/403 is a security error even when a proxy, not the hub, said it."""
+    if isinstance(error, SecurityError) or status not in (401, 403):
+        return error
+    cls = Unauthenticated if status == 401 else Forbidden
+    return cls(error.detail, **{k: v for k, v in error.extra.items() if k != "status"})
+
+
+def _scrubbed(value: Any, api_key: str | None) -> Any:
+    """A problem document with the key taken out of every string in it."""
+    if not api_key:
+        return value
+    if isinstance(value, str):
+        return redact(value, api_key)
+    if isinstance(value, dict):
+        return {k: _scrubbed(v, api_key) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_scrubbed(v, api_key) for v in value]
+    return value
 
 
 def _expected(resp: requests.Response, keys: tuple[str, ...], what: str) -> dict[str, Any]:

@@ -13,6 +13,8 @@ from contextvars import ContextVar
 from typing import Any
 
 _current: ContextVar[dict[str, Any] | None] = ContextVar("reach_trace", default=None)
+# Apart from the trace dict: that one is copied into requests and may be logged; a key never.
+_api_key: ContextVar[str | None] = ContextVar("reach_api_key", default=None)
 
 
 def current() -> dict[str, Any] | None:
@@ -26,11 +28,22 @@ def hub_of_current() -> str | None:
     return None if ctx is None else ctx.get("hub")
 
 
+def api_key_of_current() -> str | None:
+    """Inside a handler, its agent's API key: a nested reach authenticates as that agent
+    (the delivery's reach token is never forwarded)."""
+    return _api_key.get()
+
+
 @contextmanager
 def handling(
-    task_id: str, trace: dict[str, Any] | None, agent_id: str, hub: str | None = None
+    task_id: str,
+    trace: dict[str, Any] | None,
+    agent_id: str,
+    hub: str | None = None,
+    api_key: str | None = None,
 ) -> Iterator[None]:
-    """Mark the current thread as handling ``task_id`` of ``agent_id``."""
+    """Mark the current thread as handling ``task_id`` of ``agent_id`` (whose hub and API
+    key are the defaults of reaches sent from there)."""
     base = dict(trace or {})
     ctx = {
         "root_id": base.get("root_id") or task_id,
@@ -40,9 +53,11 @@ def handling(
         "hub": hub,
     }
     token = _current.set(ctx)
+    key_token = _api_key.set(api_key)
     try:
         yield
     finally:
+        _api_key.reset(key_token)
         _current.reset(token)
 
 

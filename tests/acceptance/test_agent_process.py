@@ -14,6 +14,7 @@ from typing import Any
 import requests
 
 from tests.conftest import REPO, free_port, hub_env, wait_until
+from tests.support.reach_tokens import bearer, mint
 
 
 def start_agent(script: Path, hub: str, port: int, *extra: str) -> subprocess.Popen[bytes]:
@@ -81,10 +82,11 @@ def test_sdk_agent_registers_heartbeats_and_deregisters(
         body = json.loads(as_json.stdout)
         assert [a["agent_id"] for a in body["agents"]] == ["doc-analyzer-01"]
 
-        # the agent's own endpoint really serves its handler
+        # the agent's own endpoint really serves its handler, to a token signed by its hub
         answer = requests.post(
             f"http://127.0.0.1:{port}/tasks/task.process",
             json={"task_id": "t-1", "payload": {"doc_id": "d", "text": "a b c"}},
+            headers=bearer(mint(store_url, audience="doc-analyzer-01", task_id="t-1")),
             timeout=5,
         )
         assert answer.json() == {"code": 0, "data": {"doc_id": "d", "words": 3, "task_id": "t-1"}}

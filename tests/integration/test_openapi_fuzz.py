@@ -150,7 +150,9 @@ def test_no_operation_answers_5xx(app: FastAPI) -> None:
 
 
 def test_linked_sequences_never_answer_5xx(app: FastAPI) -> None:
-    schema = _schema(app)
+    # The admin's allow-list, trust and audit operations link nowhere; fuzzed one by one
+    # above, here they would only dilute the walk through the linked resources.
+    schema = _schema(app).exclude(path_regex=r"/(allow|trust|audit)$")
     base: type[APIStateMachine] = schema.as_state_machine()
     followed: Counter[str] = Counter()
     failures: list[str] = []

@@ -10,6 +10,8 @@ from rich.table import Table
 
 from reach.cli.rendering import (
     agents_table,
+    allow_list_lines,
+    audit_tables,
     dag_table,
     dead_letters_table,
     events_table,
@@ -144,3 +146,68 @@ def test_dag_table_shows_nodes_and_the_run_reason() -> None:
     assert "flow  r1  failed" in text
     assert "node 'b' failed" in text
     assert "t-a" in text and "skipped" in text
+
+
+@pytest.mark.parametrize(
+    ("changed", "suffix"), [(None, ""), (True, "  (changed)"), (False, "  (unchanged)")]
+)
+def test_allow_list_lines(changed: bool | None, suffix: str) -> None:
+    view: dict[str, Any] = {
+        "agent_id": "plug",
+        "trust_level": "L3",
+        "call": ["search.*", "echo"],
+        "callable_by": [],
+    }
+    if changed is not None:
+        view["changed"] = changed
+    assert allow_list_lines(view) == [
+        f"[bold]plug[/bold]  trust=L3{suffix}",
+        "may call:       search.*, echo",
+        "callable by:    -",
+    ]
+
+
+def test_audit_tables_show_each_identity_and_the_audit_log_only_when_it_has_rows() -> None:
+    trail: dict[str, Any] = {
+        "task_id": "t1",
+        "status": "success",
+        "identities": ["hub", "key:abc"],
+        "events": [
+            {
+                "at": 1.25,
+                "actor": "key:abc",
+                "kind": "accepted",
+                "outcome": "accepted",
+                "agent_id": None,
+                "instance_id": None,
+                "attempt_seq": 1,
+            },
+            {
+                "at": 2.0,
+                "actor": "hub",
+                "kind": "terminal_success",
+                "outcome": "success",
+                "agent_id": "plug",
+                "instance_id": "inst-0123456789abcdef",
+                "attempt_seq": 1,
+            },
+        ],
+        "audit": [],
+    }
+    [events] = audit_tables(trail)
+    text = _text(events)
+    for fragment in ("audit of t1  success", "identities: hub, key:abc", "key:abc", "inst-0123456"):
+        assert fragment in text
+    trail["audit"] = [
+        {
+            "at": 1.5,
+            "actor": "key:abc",
+            "action": "reach",
+            "target": "agent:plug",
+            "outcome": "refused",
+            "detail": {"stage": "submit"},
+        }
+    ]
+    _, log = audit_tables(trail)
+    text = _text(log)
+    assert "agent:plug" in text and "refused" in text and '"stage": "submit"' in text

@@ -12,6 +12,7 @@ from reach.core.retry import (
     RetryPolicy,
     RetryPolicyError,
     backoff_delay,
+    business_message,
     classify,
     delay_bounds,
     nominal_delay,
@@ -278,3 +279,16 @@ def test_outcome_values_are_stable() -> None:
         "backpressure",
         "transient",
     }
+
+
+@pytest.mark.parametrize(
+    ("status", "message", "told"),
+    [
+        (401, "token expired", "agent refused the hub's reach token: token expired"),
+        (200, "unsupported", "unsupported"),
+        (404, "no handler", "no handler"),
+    ],
+)
+def test_business_message_names_a_refused_token(status: int, message: str, told: str) -> None:
+    assert classify(status, {"code": status, "message": message}) is Outcome.BUSINESS_ERROR
+    assert business_message(status, message) == told

@@ -8,15 +8,19 @@ from collections.abc import AsyncIterator
 from enum import StrEnum
 from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, FastAPI, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from reach.core.auth import Action, Principal, auth_required
 from reach.core.health import InstanceStatus
-from reach.hub import metrics, monitoring, registry
+from reach.hub import metrics, monitoring, registry, signing
 from reach.hub.api import links
+from reach.hub.api.auth import AuthMiddleware, demand_agent, require
 from reach.hub.api.problems import BodyLimitMiddleware, install_problem_handlers
+from reach.hub.api.routes.agents_admin import agents_admin_router
+from reach.hub.api.routes.audit import audit_router
 from reach.hub.api.routes.broadcasts import broadcast_router
 from reach.hub.api.routes.dagruns import dag_router
 from reach.hub.api.routes.tasks import dead_letter_router, task_router
@@ -32,6 +36,9 @@ from reach.schemas import (
 
 T = TypeVar("T")
 
+ActsAsAgent = Annotated[Principal, Depends(require(Action.ACT_AS_AGENT))]
+ReadsFleet = Depends(require(Action.READ_FLEET))
+
 
 class Surface(StrEnum):
     """Which routes one listener serves: everything, or the agent-facing and admin halves
@@ -42,7 +49,15 @@ class Surface(StrEnum):
     ADMIN = "admin"
 
 
-def create_app(ctx: HubContext, surface: Surface = Surface.ALL) -> FastAPI:
+def create_app(
+    ctx: HubContext, surface: Surface = Surface.ALL, *, require_auth: bool | None = None
+) -> FastAPI:
+    """The API, with authentication required or not: ``require_auth`` as resolved by
+    whoever knows the bind address (``reach api``), else from the settings against
+    ``server.host`` (`reach.core.auth.auth_required`)."""
+    if require_auth is None:
+        security, server = ctx.settings.security, ctx.settings.server
+        require_auth = auth_required(security.require_auth, server.host)
     waiters = Waiters()
 
     @contextlib.asynccontextmanager
@@ -60,9 +75,14 @@ def create_app(ctx: HubContext, surface: Surface = Surface.ALL) -> FastAPI:
         description="Registry, reachability and delivery between AI agents.",
     )
     app.state.ctx = ctx
+    app.state.require_auth = require_auth
     install_problem_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=ctx.settings.server.max_body_bytes)
+    # added last, so outermost: a request without a valid credential is refused before
+    # its body is read
+    app.add_middleware(AuthMiddleware, ctx=ctx, require_auth=require_auth)
     app.include_router(_health_router(ctx))
+    app.include_router(_jwks_router(ctx))  # every surface: agents verify with these keys
     if surface in (Surface.ALL, Surface.PUBLIC):
         app.include_router(_agent_router(ctx))
         app.include_router(task_router(ctx, waiters))
@@ -72,6 +92,8 @@ def create_app(ctx: HubContext, surface: Surface = Surface.ALL) -> FastAPI:
         app.include_router(_metrics_router(ctx))
         app.include_router(dead_letter_router(ctx))
         app.include_router(dag_router(ctx))
+        app.include_router(agents_admin_router(ctx))
+        app.include_router(audit_router(ctx))
     return app
 
 
@@ -87,6 +109,22 @@ def _health_router(ctx: HubContext) -> APIRouter:
     return router
 
 
+def _jwks_router(ctx: HubContext) -> APIRouter:
+    router = APIRouter(tags=["health"])
+
+    @router.get("/.well-known/jwks.json")
+    def jwks() -> JSONResponse:
+        """The public keys that verify the hub's reach tokens (open; cache for a minute)."""
+        now = ctx.clock.now()
+        with ctx.reading() as session:
+            keys = signing.jwks(session, now)
+        if not keys["keys"]:  # before the first delivery: make the key agents will need
+            keys = ctx.write(lambda s: signing.jwks(s, now, ensure=True))
+        return JSONResponse(keys, headers={"Cache-Control": "public, max-age=60"})
+
+    return router
+
+
 def _agent_router(ctx: HubContext) -> APIRouter:
     router = APIRouter(prefix="/v1/agents", tags=["agents (agent-facing)"])
 
@@ -95,12 +133,17 @@ def _agent_router(ctx: HubContext) -> APIRouter:
         response_model=RegisterResponse,
         responses={**links.responses(links.REGISTERED, 200, 201), 409: {}, 422: {}},
     )
-    def register(body: RegisterRequest, request: Request) -> JSONResponse:
+    def register(body: RegisterRequest, request: Request, principal: ActsAsAgent) -> JSONResponse:
+        demand_agent(request, principal, body.agent_id, Action.ACT_AS_AGENT)
         result = ctx.write(lambda s: registry.register(s, body, ctx.clock.now(), ctx.policy))
         return JSONResponse(result.model_dump(), status_code=201 if result.created else 200)
 
     @router.post("/heartbeat", response_model=HeartbeatResponse, responses={404: {}})
-    def heartbeat(body: HeartbeatRequest) -> HeartbeatResponse:
+    def heartbeat(
+        body: HeartbeatRequest, request: Request, principal: ActsAsAgent
+    ) -> HeartbeatResponse:
+        demand_agent(request, principal, body.agent_id, Action.ACT_AS_AGENT)
+
         def work(session: Session) -> HeartbeatResponse:
             row = registry.heartbeat(session, body, ctx.clock.now(), ctx.policy)
             metrics.HEARTBEATS_TOTAL.inc()
@@ -109,7 +152,10 @@ def _agent_router(ctx: HubContext) -> APIRouter:
         return ctx.write(work)
 
     @router.post("/deregister", responses={404: {}})
-    def deregister(body: DeregisterRequest) -> dict[str, str]:
+    def deregister(
+        body: DeregisterRequest, request: Request, principal: ActsAsAgent
+    ) -> dict[str, str]:
+        demand_agent(request, principal, body.agent_id, Action.ACT_AS_AGENT)
         ctx.write(lambda s: registry.deregister(s, body, ctx.clock.now()))
         return {"instance_id": body.instance_id, "status": InstanceStatus.DEREGISTERED.value}
 
@@ -117,7 +163,7 @@ def _agent_router(ctx: HubContext) -> APIRouter:
 
 
 def _metrics_router(ctx: HubContext) -> APIRouter:
-    router = APIRouter(tags=["admin"])
+    router = APIRouter(tags=["admin"], dependencies=[ReadsFleet])
 
     @router.get("/metrics", include_in_schema=False)
     def prometheus_metrics() -> Response:
@@ -132,7 +178,7 @@ def _metrics_router(ctx: HubContext) -> APIRouter:
 
 
 def _admin_router(ctx: HubContext) -> APIRouter:
-    router = APIRouter(prefix="/api/v1", tags=["admin"])
+    router = APIRouter(prefix="/api/v1", tags=["admin"], dependencies=[ReadsFleet])
 
     @router.get("/agents")
     def list_agents(

@@ -4,23 +4,30 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from reach.core.auth import Action, Principal, may_read_task
 from reach.core.statuses import TERMINAL
-from reach.errors import TaskConflict
+from reach.errors import TaskConflict, UnknownTask
 from reach.hub import broadcast
 from reach.hub.api import links
+from reach.hub.api.auth import not_yours, require
 from reach.hub.api.longpoll import long_poll
 from reach.hub.context import HubContext
 from reach.hub.delivery import unmark_published
+from reach.hub.storage.models import BroadcastRow
 from reach.hub.wakeups import Waiters
 from reach.schemas import BroadcastRequest
 from reach.worker.canvas import fan_out
 
 MAX_WAIT_S = 60.0
+
+Submits = Annotated[Principal, Depends(require(Action.SUBMIT))]
+Reads = Annotated[Principal, Depends(require(Action.READ_TASK))]
 
 
 def broadcast_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
@@ -31,10 +38,18 @@ def broadcast_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRout
         status_code=201,
         responses={**links.responses(links.STARTED_BROADCAST, 201), 404: {}, 422: {}},
     )
-    def start(body: BroadcastRequest) -> JSONResponse:
+    def start(body: BroadcastRequest, request: Request, principal: Submits) -> JSONResponse:
         def work(session: Session) -> tuple[str, list[str]]:
             now = ctx.clock.now()
-            row = broadcast.start(session, body, now, ctx.policy, published_at=now)
+            row = broadcast.start(
+                session,
+                body,
+                now,
+                ctx.policy,
+                published_at=now,
+                caller=principal.identity,
+                l3_cap=ctx.settings.security.l3_max_payload_bytes,
+            )
             return row.broadcast_id, [t["task_id"] for t in row.targets]
 
         broadcast_id, task_ids = ctx.write(work, conflict=TaskConflict)
@@ -44,21 +59,24 @@ def broadcast_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRout
             with ctx.transaction() as session:
                 for task_id in task_ids:
                     unmark_published(session, task_id, 1)
-        return JSONResponse(_read(ctx, broadcast_id), status_code=201)
+        return JSONResponse(_read(ctx, broadcast_id, request, principal), status_code=201)
 
     @router.get("/{broadcast_id}", responses={404: {}})
     async def get(
-        broadcast_id: str, wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 0.0
+        broadcast_id: str,
+        request: Request,
+        principal: Reads,
+        wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 0.0,
     ) -> dict[str, Any]:
         """The aggregate; with ``wait``, hold until it is complete or time is up."""
-        first = await run_in_threadpool(_read, ctx, broadcast_id)
+        first = await run_in_threadpool(_read, ctx, broadcast_id, request, principal)
         if not wait or first["complete"]:
             return first
         targets = [t["task_id"] for t in first["results"]]
         return await long_poll(
             # read afresh: long_poll reads only once it watches, so no answer that
             # lands after ``first`` can slip past it
-            lambda: _read(ctx, broadcast_id),
+            lambda: _read(ctx, broadcast_id, request, principal),
             lambda v: v["complete"],
             wait,
             waiters=waiters,
@@ -78,6 +96,18 @@ def _answers_missing(view: dict[str, Any]) -> int:
     return min(max(0, int(view["min_results"]) - int(view["succeeded"])), pending)
 
 
-def _read(ctx: HubContext, broadcast_id: str) -> dict[str, Any]:
+def _read(
+    ctx: HubContext, broadcast_id: str, request: Request, principal: Principal
+) -> dict[str, Any]:
+    """The aggregate, for whoever may read it: anyone else is told, as for an unknown id,
+    that it does not exist."""
     with ctx.reading() as session:
+        owner = session.execute(
+            select(BroadcastRow.caller).where(BroadcastRow.broadcast_id == broadcast_id)
+        ).first()
+        if owner is not None and not may_read_task(principal, owner.caller, None):
+            not_yours(request, principal, f"broadcast {broadcast_id!r}")
+            raise UnknownTask(
+                f"broadcast {broadcast_id!r} does not exist", broadcast_id=broadcast_id
+            )
         return broadcast.aggregate(session, broadcast_id, ctx.clock.now())

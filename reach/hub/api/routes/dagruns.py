@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from reach.core import dags
+from reach.core.auth import Action, Principal, may_read_task
 from reach.core.routing import RouteFilter, matches
-from reach.errors import DagError
+from reach.errors import DagError, UnknownTask
 from reach.hub import dagruns, registry
 from reach.hub.api import links
+from reach.hub.api.auth import not_yours, require
 from reach.hub.context import HubContext
+from reach.hub.storage.models import DagRunRow
 from reach.worker.canvas import canvas
 from reach.worker.factory import RESULT_EXPIRES_S
+
+Submits = Annotated[Principal, Depends(require(Action.SUBMIT))]
+Reads = Annotated[Principal, Depends(require(Action.READ_TASK))]
 
 
 class StartRun(BaseModel):
@@ -32,7 +39,7 @@ def dag_router(ctx: HubContext) -> APIRouter:
     @router.post(
         "", status_code=201, responses={**links.responses(links.STARTED_RUN, 201), 422: {}}
     )
-    def start(body: StartRun) -> JSONResponse:
+    def start(body: StartRun, principal: Submits) -> JSONResponse:
         spec = dags.parse_dag(body.dag)
 
         def work(session: Session) -> str:
@@ -49,7 +56,7 @@ def dag_router(ctx: HubContext) -> APIRouter:
                 return any(matches(c, flt) for c in candidates)
 
             dags.validate(spec, target_exists=target_exists)
-            return dagruns.start_run(session, spec, body.input, now)
+            return dagruns.start_run(session, spec, body.input, now, caller=principal.identity)
 
         plan = dags.compile_plan(spec)
         dagruns.check_fits_chord_lifetime(spec, plan, RESULT_EXPIRES_S)
@@ -62,8 +69,16 @@ def dag_router(ctx: HubContext) -> APIRouter:
             return JSONResponse(dagruns.view(session, run_id), status_code=201)
 
     @router.get("/{run_id}", responses={404: {}})
-    def show(run_id: str) -> dict[str, Any]:
+    def show(run_id: str, request: Request, principal: Reads) -> dict[str, Any]:
+        """The run, for admins, viewers and whoever started it (anyone else is told, as
+        for an unknown id, that it does not exist)."""
         with ctx.reading() as session:
+            owner = session.execute(
+                select(DagRunRow.caller).where(DagRunRow.run_id == run_id)
+            ).first()
+            if owner is not None and not may_read_task(principal, owner.caller, None):
+                not_yours(request, principal, f"DAG run {run_id!r}")
+                raise UnknownTask(f"DAG run {run_id!r} does not exist", run_id=run_id)
             return dagruns.view(session, run_id)
 
     return router

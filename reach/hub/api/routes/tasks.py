@@ -5,16 +5,25 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from reach.core.auth import HUB, Action, Principal, Scope, may_act_for, may_read_task
 from reach.core.statuses import TERMINAL, TaskStatus
-from reach.errors import StaleReport, TaskConflict, UnknownTask
+from reach.errors import (
+    Forbidden,
+    ReachError,
+    RequestTooLarge,
+    StaleReport,
+    TaskConflict,
+    UnknownTask,
+)
 from reach.hub import deadletters, delivery, submission
 from reach.hub.api import links
+from reach.hub.api.auth import not_yours, require
 from reach.hub.api.longpoll import long_poll
 from reach.hub.context import HubContext
 from reach.hub.delivery import Publish
@@ -26,6 +35,12 @@ DeadLetterId = Annotated[int, Path(ge=1, le=DB_INT_MAX)]
 
 MAX_WAIT_S = 60.0
 
+Submits = Annotated[Principal, Depends(require(Action.SUBMIT))]
+Reads = Annotated[Principal, Depends(require(Action.READ_TASK))]
+Reports = Annotated[Principal, Depends(require(Action.REPORT))]
+ReadsFleet = Depends(require(Action.READ_FLEET))
+Administers = Annotated[Principal, Depends(require(Action.ADMINISTER))]
+
 
 def task_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
     router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
@@ -36,25 +51,45 @@ def task_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
         responses={**links.responses(links.SUBMITTED, 200, 201), 404: {}, 409: {}, 422: {}},
     )
     async def submit(
-        body: SubmitRequest, wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 0.0
+        body: SubmitRequest,
+        request: Request,
+        principal: Submits,
+        wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 0.0,
     ) -> JSONResponse:
         """Accept the task; with ``wait`` > 0, also hold the request until it is terminal
-        or time is up (one round trip for a caller that wants the answer)."""
+        or time is up (one round trip for a caller that wants the answer).
 
-        def accept() -> tuple[dict[str, Any], bool]:
+        The task's caller is the principal's identity; an agent key sending from inside a
+        handler (the trace's path ends with an agent it speaks for) sends as that agent."""
+        path = body.trace.path if body.trace else []
+        submitter = principal.acting_as(path[-1] if path else None)
+
+        def accept() -> tuple[dict[str, Any], bool] | ReachError:
             attempts = 0
 
-            def work(session: Session) -> tuple[dict[str, Any], bool]:
+            def work(session: Session) -> tuple[dict[str, Any], bool] | ReachError:
                 nonlocal attempts
                 attempts += 1  # the first try is optimistic; a duplicate id comes back here
                 now = ctx.clock.now()
-                return submission.submit(
-                    session, body, now, published_at=now, look_first=attempts > 1
-                )
+                try:
+                    return submission.submit(
+                        session,
+                        body,
+                        now,
+                        published_at=now,
+                        look_first=attempts > 1,
+                        caller=submitter.identity,
+                        l3_cap=ctx.settings.security.l3_max_payload_bytes,
+                    )
+                except (Forbidden, RequestTooLarge) as refused:
+                    return refused  # an L3 refusal: commit its audit row, then raise it
 
             return ctx.write(work, conflict=TaskConflict)
 
-        view, created = await run_in_threadpool(accept)
+        accepted = await run_in_threadpool(accept)
+        if isinstance(accepted, ReachError):
+            raise accepted
+        view, created = accepted
         status = 201 if created else 200
         task_id = view["task_id"]
         if not wait:
@@ -70,7 +105,7 @@ def task_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
                 ctx.publish_premarked(Publish(task_id, 1, 0.0))
                 published = True
             first = next(views, None)
-            return first if first is not None else _read(ctx, task_id)
+            return first if first is not None else _read(ctx, task_id, request, submitter)
 
         final = await long_poll(
             read, _terminal, wait, waiters=waiters, keys=[task_id], carried=True
@@ -79,11 +114,14 @@ def task_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
 
     @router.get("/{task_id}", responses={404: {}})
     async def get_task(
-        task_id: str, wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 0.0
+        task_id: str,
+        request: Request,
+        principal: Reads,
+        wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 0.0,
     ) -> dict[str, Any]:
         """The task; with ``wait`` > 0, hold the request until it is terminal or time is up."""
         return await long_poll(
-            lambda: _read(ctx, task_id),
+            lambda: _read(ctx, task_id, request, principal),
             _terminal,
             wait,
             waiters=waiters,
@@ -92,11 +130,15 @@ def task_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
         )
 
     @router.post("/{task_id}/result", responses={404: {}, 409: {}})
-    def report_result(task_id: str, body: ResultReport) -> dict[str, Any]:
+    def report_result(
+        task_id: str, body: ResultReport, request: Request, principal: Reports
+    ) -> dict[str, Any]:
         """The agent's answer after a 202, for the attempt and instance it names: any
-        other attempt or instance is refused (409 ``stale-report``) and recorded."""
+        other attempt or instance is refused (409 ``stale-report``) and recorded. Only a
+        key of the task's agent may report (anyone else is told the task does not exist)."""
 
         def work(session: Session) -> dict[str, Any] | StaleReport:
+            reporter = _reporter(session, task_id, request, principal)
             decided = delivery.record_report(
                 session,
                 task_id,
@@ -106,6 +148,7 @@ def task_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
                 ctx.clock.now(),
                 attempt_seq=body.attempt_seq,
                 instance_id=body.instance_id,
+                actor=reporter.identity,
             )
             if isinstance(decided, StaleReport):
                 return decided  # raised below, once its record is committed
@@ -120,27 +163,35 @@ def task_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
         return answer
 
     @router.post("/{task_id}/progress", responses={404: {}, 409: {}})
-    def report_progress(task_id: str, body: ProgressReport) -> dict[str, Any]:
+    def report_progress(
+        task_id: str, body: ProgressReport, request: Request, principal: Reports
+    ) -> dict[str, Any]:
         detail = body.model_dump(exclude_none=True, exclude={"attempt_seq", "instance_id"})
-        refused = ctx.write(
-            lambda s: delivery.report_progress(
-                s,
+
+        def work(session: Session) -> StaleReport | None:
+            reporter = _reporter(session, task_id, request, principal)
+            return delivery.report_progress(
+                session,
                 task_id,
                 detail,
                 ctx.clock.now(),
                 attempt_seq=body.attempt_seq,
                 instance_id=body.instance_id,
-            ),
-            conflict=TaskConflict,
-        )
+                actor=reporter.identity,
+            )
+
+        refused = ctx.write(work, conflict=TaskConflict)
         if refused is not None:
             raise refused
         return {"task_id": task_id, "recorded": True}
 
     @router.get("/{task_id}/events", responses={404: {}})
-    def task_events(task_id: str) -> dict[str, Any]:
+    def task_events(task_id: str, request: Request, principal: Reads) -> dict[str, Any]:
         with ctx.reading() as session:
-            if session.scalar(select(TaskRow.id).where(TaskRow.task_id == task_id)) is None:
+            owner = session.execute(
+                select(TaskRow.caller, TaskRow.agent_id).where(TaskRow.task_id == task_id)
+            ).first()
+            if owner is None or not _visible(request, principal, task_id, *owner):
                 raise UnknownTask(f"task {task_id!r} does not exist", task_id=task_id)
             rows = session.scalars(
                 select(TaskEventRow)
@@ -157,6 +208,7 @@ def task_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
                         "agent_id": r.agent_id,
                         "instance_id": r.instance_id,
                         "detail": r.detail,
+                        "actor": r.actor or HUB,  # NULL: a step of the hub's own
                     }
                     for r in rows
                 ],
@@ -168,7 +220,7 @@ def task_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
 def dead_letter_router(ctx: HubContext) -> APIRouter:
     router = APIRouter(prefix="/api/v1/dead-letters", tags=["admin"])
 
-    @router.get("")
+    @router.get("", dependencies=[ReadsFleet])
     def list_dead(
         include_replayed: bool = False, limit: Annotated[int, Query(ge=1, le=1000)] = 100
     ) -> dict[str, Any]:
@@ -176,15 +228,16 @@ def dead_letter_router(ctx: HubContext) -> APIRouter:
             rows = deadletters.list_dead(session, include_replayed, limit)
             return {"dead_letters": [deadletters.view(r) for r in rows]}
 
-    @router.get("/{dead_id}", responses={404: {}})
+    @router.get("/{dead_id}", responses={404: {}}, dependencies=[ReadsFleet])
     def show(dead_id: DeadLetterId) -> dict[str, Any]:
         with ctx.reading() as session:
             return deadletters.view(deadletters.get(session, dead_id))
 
     @router.post("/{dead_id}/replay", responses={404: {}, 409: {}})
-    def replay(dead_id: DeadLetterId) -> dict[str, Any]:
+    def replay(dead_id: DeadLetterId, principal: Administers) -> dict[str, Any]:
         item = ctx.write(
-            lambda s: deadletters.replay(s, dead_id, ctx.clock.now()), conflict=TaskConflict
+            lambda s: deadletters.replay(s, dead_id, ctx.clock.now(), actor=principal.identity),
+            conflict=TaskConflict,
         )
         ctx.publish_attempts([item])
         return {
@@ -201,9 +254,34 @@ def _terminal(view: dict[str, Any]) -> bool:
     return view["status"] in TERMINAL
 
 
-def _read(ctx: HubContext, task_id: str) -> dict[str, Any]:
+def _read(ctx: HubContext, task_id: str, request: Request, principal: Principal) -> dict[str, Any]:
     with ctx.reading() as session:
         row = session.scalar(select(TaskRow).where(TaskRow.task_id == task_id))
-        if row is None:
+        if row is None or not _visible(request, principal, task_id, row.caller, row.agent_id):
             raise UnknownTask(f"task {task_id!r} does not exist", task_id=task_id)
         return delivery.task_view(row)
+
+
+def _visible(
+    request: Request, principal: Principal, task_id: str, caller: str | None, agent: str | None
+) -> bool:
+    """Whether ``principal`` may read the task (a refusal is logged; the caller then
+    answers as for an unknown task: not found and not yours look the same)."""
+    if may_read_task(principal, caller, agent):
+        return True
+    not_yours(request, principal, f"task {task_id!r}")
+    return False
+
+
+def _reporter(session: Session, task_id: str, request: Request, principal: Principal) -> Principal:
+    """Who reports for the task: a key of the agent it was delivered to, acting as that
+    agent. An admin reports for any (no read: the report itself finds an unknown task);
+    anyone else is told the task does not exist, and nothing is written."""
+    if principal.scope is Scope.ADMIN:
+        return principal
+    agent = session.scalar(select(TaskRow.agent_id).where(TaskRow.task_id == task_id))
+    if agent is None or not may_act_for(principal, agent):
+        if agent is not None:
+            not_yours(request, principal, f"task {task_id!r}")
+        raise UnknownTask(f"task {task_id!r} does not exist", task_id=task_id)
+    return principal.acting_as(agent)
