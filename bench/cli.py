@@ -25,6 +25,7 @@ ALL = (
     "broadcast5",
     "inflight2000",
     "fault",
+    "tokens",
 )
 
 
@@ -79,46 +80,51 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "max_throughput": None,
         "details": {},
     }
+    log = _progress(t0)
     try:
-        hub.start()
-        bench = scenarios.Bench(hub, home, plan)
-        out = result["scenarios"]
-        log = _progress(t0)
-        if "single_hop" in parts:
-            out["single_hop"] = scenarios.hub_single(
-                bench, plan.single_rate, plan.duration
-            ).as_dict()
-            log("single_hop", out["single_hop"])
-        if "max_throughput" in parts:
-            best, steps = scenarios.max_throughput(
-                lambda r, d: scenarios.hub_single(bench, r, d, name="max"),
-                plan.max_rates,
-                plan.step_duration,
-            )
-            result["max_throughput"] = round(best, 1)
-            result["details"]["max_throughput_steps"] = steps
-            log("max_throughput", {"rate": best})
-        if "baselines" in parts:
-            result["baselines"] = _baselines(bench, plan, home, log)
-        if "two_hop" in parts:
-            out["two_hop"] = scenarios.two_hop(bench).as_dict()
-            log("two_hop", out["two_hop"])
-        if "broadcast5" in parts:
-            out["broadcast5"] = scenarios.broadcast5(bench).as_dict()
-            log("broadcast5", out["broadcast5"])
-        if "inflight2000" in parts:
-            summary, detail = scenarios.inflight(bench, result["max_throughput"] or 0.0)
-            out["inflight2000"] = summary.as_dict()
-            result["details"]["inflight2000"] = detail
-            log("inflight2000", {**out["inflight2000"], **detail})
-        if "fault" in parts:
-            summary, detail = scenarios.fault(bench)
-            out["fault"] = summary.as_dict()
-            result["details"]["fault"] = detail
-            log("fault", {**out["fault"], "outcomes": detail["outcomes"]})
-        bench.stop_agents()
+        if parts - {"tokens"}:  # the main table's hub (the tokens part starts hubs of its own)
+            bench = scenarios.Bench(hub, home, plan)
+            try:
+                hub.start()
+                out = result["scenarios"]
+                if "single_hop" in parts:
+                    out["single_hop"] = scenarios.hub_single(
+                        bench, plan.single_rate, plan.duration
+                    ).as_dict()
+                    log("single_hop", out["single_hop"])
+                if "max_throughput" in parts:
+                    best, steps = scenarios.max_throughput(
+                        lambda r, d: scenarios.hub_single(bench, r, d, name="max"),
+                        plan.max_rates,
+                        plan.step_duration,
+                    )
+                    result["max_throughput"] = round(best, 1)
+                    result["details"]["max_throughput_steps"] = steps
+                    log("max_throughput", {"rate": best})
+                if "baselines" in parts:
+                    result["baselines"] = _baselines(bench, plan, home, log)
+                if "two_hop" in parts:
+                    out["two_hop"] = scenarios.two_hop(bench).as_dict()
+                    log("two_hop", out["two_hop"])
+                if "broadcast5" in parts:
+                    out["broadcast5"] = scenarios.broadcast5(bench).as_dict()
+                    log("broadcast5", out["broadcast5"])
+                if "inflight2000" in parts:
+                    summary, detail = scenarios.inflight(bench, result["max_throughput"] or 0.0)
+                    out["inflight2000"] = summary.as_dict()
+                    result["details"]["inflight2000"] = detail
+                    log("inflight2000", {**out["inflight2000"], **detail})
+                if "fault" in parts:
+                    summary, detail = scenarios.fault(bench)
+                    out["fault"] = summary.as_dict()
+                    result["details"]["fault"] = detail
+                    log("fault", {**out["fault"], "outcomes": detail["outcomes"]})
+            finally:
+                bench.stop_agents()  # a failed run must not leave agent processes behind
+                hub.stop()
+        if "tokens" in parts:  # after the main hub stopped: the machine is its own
+            result["tokens"] = _tokens(plan, home, concurrency, args.worker_pool, log)
     finally:
-        hub.stop()
         if not args.keep_logs:
             shutil.rmtree(home, ignore_errors=True)
         else:
@@ -186,6 +192,64 @@ def _wait_for_plain_worker(timeout: float = 30.0) -> None:
     raise RuntimeError("the plain Celery worker did not start")
 
 
+def _tokens(
+    plan: scenarios.Plan, home: Path, concurrency: int, pool: str, log: Any
+) -> dict[str, Any]:
+    """What reach tokens cost: the same single hop with the hub signing every delivery and
+    the agent verifying it ("on", the default), and with both off. Each configuration gets
+    a fresh hub; they alternate (on, off, on, off ...) so drift of the machine spreads
+    evenly. Reported: the saturated (closed-loop) completed rate and the open-loop p50 and
+    p99 at a rate both sustain."""
+    runs: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
+    for round_no in range(plan.token_rounds):
+        for mode in ("on", "off"):
+            env = {
+                **plan.hub_settings,
+                "REACH_SECURITY__SIGN_DELIVERIES": "true" if mode == "on" else "false",
+            }
+            where = home / f"tokens-{mode}-{round_no}"
+            where.mkdir(parents=True, exist_ok=True)
+            hub = Hub(where, worker_concurrency=concurrency, pool=pool, extra_env=env)
+            bench = scenarios.Bench(hub, where, plan)
+            try:
+                hub.start()
+                bench.agent("echo", verify_tokens=mode == "on")
+                closed = scenarios.closed_loop(bench, plan.token_callers, plan.duration)
+                fixed = scenarios.hub_single(bench, plan.token_rate, plan.duration, name="tok")
+            finally:
+                bench.stop_agents()  # a failed run must not leave agent processes behind
+                hub.stop()
+            row = {
+                "saturated_rate": closed.rate,
+                "saturated_errors": closed.errors,
+                "p50_ms": fixed.p50_ms,
+                "p99_ms": fixed.p99_ms,
+                "errors": fixed.errors,
+                "lost": closed.lost + fixed.lost,
+            }
+            runs[mode].append(row)
+            log(f"tokens {mode} #{round_no + 1}", {**row, "rate": closed.rate})
+
+    def mean(mode: str, key: str) -> float:
+        values = [float(r[key]) for r in runs[mode] if r[key] is not None]
+        return sum(values) / len(values) if values else float("nan")
+
+    on, off = mean("on", "saturated_rate"), mean("off", "saturated_rate")
+    return {
+        "rounds": plan.token_rounds,
+        "callers": plan.token_callers,
+        "rate": plan.token_rate,
+        "runs": runs,
+        "saturated_on": _r(on),
+        "saturated_off": _r(off),
+        "throughput_cost": _r(1 - ratio(on, off)),
+        "p50_on_ms": _r(mean("on", "p50_ms")),
+        "p50_off_ms": _r(mean("off", "p50_ms")),
+        "p99_on_ms": _r(mean("on", "p99_ms")),
+        "p99_off_ms": _r(mean("off", "p99_ms")),
+    }
+
+
 def _ratios(result: dict[str, Any]) -> dict[str, Any]:
     hub = result["scenarios"].get("single_hop") or {}
     base = result.get("baselines") or {}
@@ -248,6 +312,18 @@ def targets(result: dict[str, Any]) -> list[Target]:
     for name in s:
         if name not in ("inflight2000", "fault"):
             out.append(Target(f"{name} lost tasks", get(name, "lost"), 0))
+    tokens = result.get("tokens")
+    if tokens:
+        cost = tokens["throughput_cost"]
+        out.append(
+            Target(
+                "reach tokens: throughput lost to signing + verifying",
+                nan if cost is None else cost,
+                0.10,
+            )
+        )
+        lost = sum(r["lost"] for runs in tokens["runs"].values() for r in runs)
+        out.append(Target("tokens runs lost tasks", lost, 0))
     return out
 
 

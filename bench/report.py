@@ -77,6 +77,21 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"Max sustainable single-hop throughput: {_fmt(result.get('max_throughput'))} msg/s",
     ]
+    tokens = result.get("tokens")
+    if tokens:
+        lines += [
+            "",
+            f"Reach tokens ({tokens['rounds']} round(s) of on/off, fresh hub each; saturated: "
+            f"{tokens['callers']} closed-loop callers; latency: open loop at "
+            f"{_fmt(tokens['rate'])}/s):",
+            "",
+            "| reach tokens | saturated msg/s | p50 ms | p99 ms |",
+            "|---|---|---|---|",
+            f"| on (hub signs, agent verifies) | {_fmt(tokens['saturated_on'])} "
+            f"| {_fmt(tokens['p50_on_ms'])} | {_fmt(tokens['p99_on_ms'])} |",
+            f"| off | {_fmt(tokens['saturated_off'])} | {_fmt(tokens['p50_off_ms'])} "
+            f"| {_fmt(tokens['p99_off_ms'])} |",
+        ]
     targets = result.get("targets") or []
     if targets:
         lines += ["", "| target | value | limit | met |", "|---|---|---|---|"]

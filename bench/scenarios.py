@@ -63,6 +63,20 @@ class Plan:
         return [60.0, 80.0, 100.0, 120.0, 150.0, 200.0, 250.0, 300.0]
 
     @property
+    def token_rounds(self) -> int:
+        """Alternations of tokens on / off (each a fresh hub)."""
+        return 2 if self.level == "full" else 1
+
+    @property
+    def token_callers(self) -> int:
+        return 4 if self.level == "smoke" else 32
+
+    @property
+    def token_rate(self) -> float:
+        """An open-loop rate both configurations sustain, for the latency columns."""
+        return 20.0 if self.level == "smoke" else 50.0
+
+    @property
     def fault_phases(self) -> tuple[float, float, float]:
         """Seconds before, during and after the outage."""
         return {"smoke": (3.0, 4.0, 3.0), "quick": (3.0, 8.0, 4.0)}.get(
@@ -261,6 +275,56 @@ def inflight(bench: Bench, max_throughput: float) -> tuple[Summary, dict[str, An
     )
     limit = 1.0 + 1.25 * count / max_throughput if max_throughput else float("nan")
     return summary, {"tasks": count, "wall_s": round(wall, 2), "wall_limit_s": round(limit, 2)}
+
+
+def closed_loop(bench: Bench, callers: int, duration: float, name: str = "closed") -> Summary:
+    """``callers`` threads each submitting a single hop and waiting for its answer, again
+    and again: the completed rate at saturation. Coarser than the open loop for latency
+    (it slows down with the system), finer for comparing two configurations' capacity,
+    which the open loop's rate ladder can only tell apart in steps of 20 msg/s."""
+    bench.agent("echo")
+    prefix = bench.prefix(name)
+    samples: list[Sample] = []
+    lock = threading.Lock()
+    seq = itertools.count()
+    t0 = time.perf_counter()
+    stop_at = t0 + duration
+
+    def caller() -> None:
+        while time.perf_counter() < stop_at:
+            i = next(seq)
+            started = time.perf_counter()
+            try:
+                clients.hub_call(
+                    bench.hub.url,
+                    {
+                        "agent_id": "echo",
+                        "method": "bench.echo",
+                        "payload": {"i": i},
+                        "task_id": f"{prefix}{i}",
+                    },
+                )
+                ok, error = True, ""
+            except Exception as exc:
+                ok, error = False, f"{type(exc).__name__}: {exc}"[:300]
+            with lock:
+                samples.append(Sample(started - t0, time.perf_counter() - started, ok, error))
+
+    def warm(i: int) -> None:
+        clients.hub_call(
+            bench.hub.url,
+            {"agent_id": "echo", "method": "bench.echo", "payload": {}, "task_id": f"{prefix}w{i}"},
+        )
+
+    run_open_loop(warm, 20.0, 1.0)
+    threads = [threading.Thread(target=caller, daemon=True) for _ in range(callers)]
+    with PeakRss(bench.hub.pids()) as rss:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    wall = time.perf_counter() - t0
+    return summarise(samples, wall, lost=bench.lost(prefix), peak_rss_mb=rss.peak_mb)
 
 
 def max_throughput(

@@ -52,6 +52,15 @@ def test_every_scenario_and_baseline_is_reported(smoke: dict[str, object]) -> No
     assert "| single_hop |" in str(smoke["_stdout"])
 
 
+def test_reach_tokens_cost_is_measured_on_and_off(smoke: dict[str, object]) -> None:
+    tokens = smoke["tokens"]
+    assert tokens["saturated_on"] and tokens["saturated_off"], tokens  # type: ignore[index]
+    for mode in ("on", "off"):
+        for run in tokens["runs"][mode]:  # type: ignore[index]
+            assert run["lost"] == 0 and run["errors"] == 0 and run["saturated_errors"] == 0, run
+    assert "| on (hub signs, agent verifies) |" in str(smoke["_stdout"])
+
+
 def test_no_accepted_task_is_lost(smoke: dict[str, object]) -> None:
     for name, row in smoke["scenarios"].items():  # type: ignore[attr-defined]
         assert row["lost"] == 0, name
