@@ -107,6 +107,32 @@ class LeasedScheduler(Scheduler):  # type: ignore[misc]  # celery ships no type 
             logger.info("beat %s: lease lapsed, %s not sent", self.holder, entry.name)
             return
         super().apply_entry(entry, producer=producer)
+        self._reconnect_if_broken(producer)
+
+    def _reconnect_if_broken(self, producer: Any) -> None:
+        """Drop a producer whose channel is gone, so the next tick connects afresh.
+
+        Celery's scheduler keeps one producer (and connection) for good: once its channel
+        is closed under it -- seen with the embedded broker when API, worker and beat open
+        it at the same moment -- every later send fails with "channel disconnected" and
+        the hub's periodic scans (probes, outbox relay) stop for good while beat runs on.
+        """
+        channel = getattr(
+            producer if producer is not None else self.__dict__.get("producer"), "channel", None
+        )
+        if channel is None or not (
+            getattr(channel, "closed", False) or getattr(channel, "connection", True) is None
+        ):
+            return
+        logger.warning("beat %s: the broker channel closed; reconnecting", self.holder)
+        for name in ("producer", "connection"):
+            stale = self.__dict__.pop(name, None)
+            if stale is None:
+                continue
+            try:
+                stale.release()
+            except Exception:  # already broken: nothing left to release
+                logger.debug("beat %s: releasing a stale %s failed", self.holder, name)
 
     def close(self) -> None:
         try:

@@ -192,3 +192,27 @@ def test_the_leases_table_comes_and_goes_with_its_migration(engine: Engine, stor
     upgrade_database(store_url)
     assert "leases" in inspect(engine).get_table_names()
     assert LeaseStore(engine, LEASE_NAME, "a", 15).claim().ours
+
+
+def test_a_beat_whose_broker_channel_closes_reconnects_and_sends_again(
+    beat_app: Celery,
+) -> None:
+    """Celery's scheduler keeps its producer for good: a channel closed under it made every
+    later send fail ("channel disconnected") and the periodic scans stopped for good."""
+    scheduler = LeasedScheduler(app=beat_app)
+    try:
+        scheduler.tick()
+        assert scheduler.active
+        first = scheduler.producer
+        first.channel.close()  # what a broken broker connection leaves behind
+        before = sum(entry.total_run_count for entry in scheduler.schedule.values())
+        deadline = time.monotonic() + 3  # the outbox relay is due every second
+        while time.monotonic() < deadline:
+            scheduler.tick()
+            time.sleep(0.05)
+        assert scheduler.producer is not first  # a fresh producer on a fresh connection
+        assert scheduler.producer.channel.connection is not None
+        sent = sum(entry.total_run_count for entry in scheduler.schedule.values())
+        assert sent > before + 1  # sends after the reconnect went through
+    finally:
+        scheduler.close()
