@@ -623,7 +623,28 @@ def test_a_key_that_could_never_be_used_is_not_created(
 # -- last: what was logged, counted and stored ------------------------------------------
 
 
+def _provoke_every_refusal(hub: Hub) -> None:
+    """One request per refusal reason: this test must not depend on which of the module's
+    other tests ran before it in its xdist worker."""
+    body = {"agent_id": "a-1", "method": METHOD}
+    k = hub.keys
+    assert hub.call("POST", "/v1/tasks", json=body).status_code == 401  # missing
+    assert hub.call("POST", "/v1/tasks", header="Basic x", json=body).status_code == 401
+    unknown = f"rk_{'0' * 16}_{'x' * 43}"
+    assert hub.call("POST", "/v1/tasks", unknown, json=body).status_code == 401
+    wrong = f"rk_{k.admin.key_id}_{'y' * 43}"
+    assert hub.call("POST", "/v1/tasks", wrong, json=body).status_code == 401
+    assert hub.call("POST", "/v1/tasks", k.expired, json=body).status_code == 401
+    assert hub.call("POST", "/v1/tasks", k.revoked, json=body).status_code == 401
+    assert hub.call("GET", "/api/v1/agents", k.caller).status_code == 403  # forbidden
+    beat = {"agent_id": "b", "instance_id": "i-b"}
+    assert hub.call("POST", "/v1/agents/heartbeat", k.agents_a, json=beat).status_code == 403
+    theirs = submit(hub, k.caller2)
+    assert hub.call("GET", f"/v1/tasks/{theirs}", k.caller).status_code == 404  # not yours
+
+
 def test_zz_refusals_are_logged_and_counted_and_no_secret_is_kept(hub: Hub) -> None:
+    _provoke_every_refusal(hub)
     metrics = hub.call("GET", "/metrics", hub.keys.admin).text
     for reason in ("missing", "malformed", "unknown_key", "wrong_secret", "expired", "revoked",
                    "forbidden", "wrong_agent", "not_yours"):  # fmt: skip
