@@ -47,4 +47,10 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
             "schedule": settings.dags.sweep_interval,
             "options": {"expires": settings.dags.sweep_interval},
         },
+        # approvals nobody decided within approval.timeout_s: their tasks fail (expired)
+        "reach.approvals-expire": {
+            "task": "reach.approvals_expire",
+            "schedule": settings.approval.sweep_interval_s,
+            "options": {"expires": settings.approval.sweep_interval_s},
+        },
     }

@@ -6,6 +6,8 @@ The public surface is what ``__all__`` lists; everything else is internal.
 from reach.errors import (
     AgentTimeout,
     AgentUnreachable,
+    ApprovalExpired,
+    ApprovalRejected,
     Backpressure,
     BusinessError,
     CircuitOpen,
@@ -19,6 +21,7 @@ from reach.errors import (
     InvalidPayload,
     InvalidReachToken,
     InvalidRegistration,
+    InvalidSignature,
     InvalidTaskRequest,
     LoopbackAddress,
     LoopDetected,
@@ -53,6 +56,7 @@ from reach.sdk.caller import (
     wait_for_result,
 )
 from reach.sdk.tls import TLSConfig
+from reach.sdk.webhooks import verify_webhook
 
 __version__ = "0.1.0"
 
@@ -61,6 +65,8 @@ __all__ = [
     "Agent",
     "AgentTimeout",
     "AgentUnreachable",
+    "ApprovalExpired",
+    "ApprovalRejected",
     "Backpressure",
     "BroadcastResult",
     "BusinessError",
@@ -76,6 +82,7 @@ __all__ = [
     "InvalidPayload",
     "InvalidReachToken",
     "InvalidRegistration",
+    "InvalidSignature",
     "InvalidTaskRequest",
     "LoopDetected",
     "LoopbackAddress",
@@ -104,5 +111,6 @@ __all__ = [
     "report_progress",
     "report_result",
     "send",
+    "verify_webhook",
     "wait_for_result",
 ]

@@ -30,8 +30,17 @@
     ├── SecurityError
     │   ├── Unauthenticated         no valid credential (missing, unknown, expired, revoked)
     │   ├── Forbidden               a valid credential outside its scope, agent or allow-list
-    │   └── InvalidReachToken       a delivery's token is forged, expired, replayed or not ours
+    │   ├── InvalidReachToken       a delivery's token is forged, expired, replayed or not ours
+    │   └── InvalidSignature        a hub-signed webhook's signature does not verify
     ├── UnknownKey                  no API key with this id (listing, revoking)
+    ├── ApprovalError               a human decision on a parked task (issue 13)
+    │   ├── UnknownApproval         no approval with this id
+    │   ├── ApprovalDecided         already approved/rejected/cancelled (also: the race lost)
+    │   ├── ApprovalExpired         its time ran out: the task failed, nobody may decide it
+    │   ├── ApprovalRejected        a human rejected the task (the caller's side: who, why)
+    │   ├── SelfApproval            the requester may not decide its own request
+    │   ├── ReasonRequired          a rejection without a reason
+    │   └── PayloadChanged          the task's payload no longer matches what was requested
     ├── LoopDetected
     └── SessionClosed
 
@@ -351,12 +360,84 @@ class InvalidReachToken(SecurityError):
     title = "Invalid reach token"
 
 
+class InvalidSignature(SecurityError):
+    """A hub-signed webhook's signature is missing, malformed, forged or by an unknown key."""
+
+    slug = "invalid-signature"
+    status = 401
+    title = "Invalid signature"
+
+
 class UnknownKey(ReachError):
     """No API key with this id exists (an operator listing or revoking keys)."""
 
     slug = "unknown-key"
     status = 404
     title = "Unknown API key"
+
+
+class ApprovalError(ReachError):
+    """A decision on an approval was refused, or the task it gated did not run."""
+
+    slug = "approval-error"
+    status = 409
+    title = "Approval error"
+
+
+class UnknownApproval(ApprovalError):
+    """No approval with this id (or none this principal may see)."""
+
+    slug = "unknown-approval"
+    status = 404
+    title = "Unknown approval"
+
+
+class ApprovalDecided(ApprovalError):
+    """The approval was already decided; of two concurrent decisions exactly one wins."""
+
+    slug = "approval-decided"
+    status = 409
+    title = "Approval already decided"
+
+
+class ApprovalExpired(ApprovalError):
+    """Nobody decided in time (the SDK raises it too, for ``approval_expired``)."""
+
+    slug = "approval-expired"
+    status = 410
+    title = "Approval expired"
+
+
+class ApprovalRejected(ApprovalError):
+    """A human rejected the task: ``decided_by`` and ``reason`` say who and why."""
+
+    slug = "approval-rejected"
+    status = 403
+    title = "Approval rejected"
+
+
+class SelfApproval(ApprovalError):
+    """``approval.forbid_self_approval``: the identity that submitted may not decide."""
+
+    slug = "self-approval"
+    status = 403
+    title = "Self-approval forbidden"
+
+
+class ReasonRequired(ApprovalError):
+    """A rejection must say why: the caller is told the reason."""
+
+    slug = "reason-required"
+    status = 422
+    title = "Reason required"
+
+
+class PayloadChanged(ApprovalError):
+    """The task's stored payload no longer hashes to what was put up for approval."""
+
+    slug = "payload-changed"
+    status = 409
+    title = "Payload changed since the request"
 
 
 class LoopDetected(ReachError):

@@ -29,6 +29,9 @@ log = logging.getLogger("reach.tasks.dags")
 
 # Quick first looks for fast agents, then every 2 s for slow ones (bounded broker traffic).
 POLL_SECONDS = (0.1, 0.25, 0.5, 1.0, 2.0)
+# A node whose task waits for a human decision: looked at this often (a decision takes
+# minutes, not milliseconds; the slot is free in between either way).
+PARKED_POLL_S = 5.0
 # The hub's database unavailable: a step is tried again after each of these (about 30 s
 # in all, slot freed in between), then it is a stated failure.
 UNAVAILABLE_RETRY_S = (1.0, 2.0, 4.0, 8.0, 15.0)
@@ -47,7 +50,9 @@ def dag_node(self: Any, run_id: str, node_id: str, unavailable: int = 0) -> dict
         self,
         ctx,
         unavailable,
-        lambda: ctx.write(lambda s: dagruns.advance_node(s, run_id, node_id, ctx.clock.now())),
+        lambda: ctx.write(
+            lambda s: dagruns.advance_node(s, run_id, node_id, ctx.clock.now(), ctx.approval_policy)
+        ),
         stated,
         what=f"node {node_id} of {run_id}",
     )
@@ -129,6 +134,7 @@ def reach_task(
                 capability,
                 timeout_ms,
                 ctx.clock.now(),
+                ctx.approval_policy,
             )
         ),
         lambda exc: dagruns.failure_of(exc, f"step failed: {exc}"),
@@ -186,5 +192,5 @@ def _settle(task: Any, ctx: Any, step: dagruns.Step) -> dict[str, Any]:
             log.warning("attempt of %s left to the relay: %s", step.submitted_task, exc)
     if step.result is None:
         delay = POLL_SECONDS[min(task.request.retries, len(POLL_SECONDS) - 1)]
-        raise task.retry(countdown=delay)
+        raise task.retry(countdown=PARKED_POLL_S if step.parked else delay)
     return step.result.model_dump(mode="json")

@@ -6,7 +6,7 @@ import logging
 
 from celery import shared_task
 
-from reach.hub import monitoring, retention
+from reach.hub import approvals, monitoring, retention
 from reach.worker.sweeps import skip_when_unavailable
 
 log = logging.getLogger("reach.tasks.maintenance")
@@ -33,3 +33,18 @@ def retention_sweep() -> dict[str, int]:
 
     ctx = runtime()
     return retention.sweep(ctx.transaction, ctx.clock.now(), retention.policy_from(ctx.settings))
+
+
+@shared_task(name="reach.approvals_expire", ignore_result=True)
+@skip_when_unavailable
+def approvals_expire() -> int:
+    """Fail the parked tasks whose approval nobody decided in time (read from the store,
+    so an approval expires even when every hub process restarted meanwhile)."""
+    from reach.worker.app import runtime
+
+    ctx = runtime()
+    with ctx.transaction() as session:
+        expired = approvals.expire_due(session, ctx.clock.now())
+    if expired:
+        log.info("expired %d approval(s)", expired)
+    return expired

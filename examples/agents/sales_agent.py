@@ -7,6 +7,10 @@ are computed from the region's name, so every run shows the same numbers. A regi
 schema does not list ("nowhere") is refused by the hub before it is queued; "south" is a
 known region without data and answers business error 404, so a DAG run can show the
 failure path.
+
+``orders.cancel`` is the demo's dangerous capability (``danger_level: high``): the hub
+parks each such task in ``awaiting_approval`` until a human approves it (``reach
+approvals approve ID``); only then is it delivered here.
 """
 
 from __future__ import annotations
@@ -68,7 +72,30 @@ def build_agent(port: int, hub: str | None, heartbeat_interval: float) -> reach.
                     "required": ["rows", "total"],
                 },
                 "estimated_latency": 20,
-            }
+            },
+            {
+                "type": "orders.cancel",
+                "description": "Cancel a customer order (irreversible: a human approves it).",
+                "danger_level": "high",
+                "params_schema": {
+                    "type": "object",
+                    "properties": {
+                        "order_id": {"type": "string", "minLength": 1, "maxLength": 64},
+                        "reason": {"type": "string", "maxLength": 500},
+                    },
+                    "required": ["order_id"],
+                    "additionalProperties": False,
+                },
+                "return_schema": {
+                    "type": "object",
+                    "properties": {
+                        "order_id": {"type": "string"},
+                        "status": {"type": "string"},
+                    },
+                    "required": ["order_id", "status"],
+                },
+                "estimated_latency": 20,
+            },
         ],
         max_concurrency=8,
         heartbeat_interval=heartbeat_interval,
@@ -81,6 +108,12 @@ def build_agent(port: int, hub: str | None, heartbeat_interval: float) -> reach.
         if region == "south":
             raise reach.BusinessError(404, "no sales data for south")
         return sales_figures(region)
+
+    @agent.route("orders.cancel")
+    def cancel(task_id: str, payload: dict) -> dict:
+        # reached only once a human approved this very payload (the hub binds the two)
+        logging.getLogger("sales-agent").info("cancelling order %s", payload["order_id"])
+        return {"order_id": payload["order_id"], "status": "cancelled"}
 
     return agent
 

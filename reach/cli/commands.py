@@ -10,16 +10,20 @@ import os
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
+from reach.cli.approvals import approvals_app
 from reach.cli.certs import certs_app
 from reach.cli.keys import keys_app
+from reach.cli.options import ApiKeyOption, HubOption
+from reach.cli.options import fail as _fail
 from reach.cli.rendering import (
     agents_table,
     allow_list_lines,
+    approval_state_line,
     audit_tables,
     dag_table,
     dead_letters_table,
@@ -27,7 +31,7 @@ from reach.cli.rendering import (
     task_lines,
 )
 from reach.core.trust import TrustLevel
-from reach.errors import ConfigError, Forbidden, ReachError, Unauthenticated
+from reach.errors import ConfigError, ReachError
 from reach.hub.settings import Settings, load_settings
 
 app = typer.Typer(help="Agent-Reach: the reach layer between AI agents.", no_args_is_help=True)
@@ -35,23 +39,9 @@ db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(keys_app, name="keys")
 app.add_typer(certs_app, name="certs")
+app.add_typer(approvals_app, name="approvals")
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
-
-HubOption = Annotated[
-    str | None, typer.Option("--hub", help="Hub URL (default: $REACH_HUB_URL or 127.0.0.1:8800)")
-]
-# The help never shows the value: typer would print an envvar's value as the default.
-ApiKeyOption = Annotated[
-    str | None,
-    typer.Option(
-        "--api-key",
-        envvar="REACH_API_KEY",
-        show_envvar=False,
-        show_default=False,
-        help="API key sent to the hub (default: $REACH_API_KEY)",
-    ),
-]
 
 
 def _settings() -> Settings:
@@ -346,17 +336,6 @@ app.add_typer(tasks_app, name="tasks")
 app.add_typer(dlq_app, name="dlq")
 
 
-def _fail(exc: ReachError) -> NoReturn:
-    """One line on stderr and a non-zero exit (the hub's details name a key by id only)."""
-    hint = ""
-    if isinstance(exc, Unauthenticated):
-        hint = " (pass --api-key or set $REACH_API_KEY)"
-    elif isinstance(exc, Forbidden):
-        hint = " (this API key's scope does not allow it)"
-    err_console.print(f"[red]{type(exc).__name__}:[/red] {exc}{hint}")
-    raise typer.Exit(2 if isinstance(exc, ConfigError) else 1)  # 2: bad input, like --payload
-
-
 @app.command()
 def send(
     method: Annotated[str, typer.Argument(help="Method (capability type) to call")],
@@ -428,6 +407,9 @@ def tasks_show(task_id: str, hub: HubOption = None, api_key: ApiKeyOption = None
         client.close()
     for line in task_lines(task):
         console.print(line)
+    gate = approval_state_line(events)
+    if gate is not None:
+        console.print(gate)
     console.print(events_table(events))
 
 

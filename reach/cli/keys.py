@@ -85,7 +85,9 @@ def create(
     scope: Annotated[
         Scope,
         typer.Option(
-            "--scope", case_sensitive=False, help="admin, caller, agent or viewer (read-only)"
+            "--scope",
+            case_sensitive=False,
+            help="admin, caller, agent, viewer (read-only) or approver (decides approvals)",
         ),
     ],
     agent_id: Annotated[

@@ -7,16 +7,22 @@ The commands fetch from the hub and print; these builders only turn the hub's JS
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
 __all__ = [
+    "APPROVAL_STYLE",
     "NODE_STYLE",
     "OUTCOME_STYLE",
     "STATUS_STYLE",
     "agents_table",
     "allow_list_lines",
+    "approval_lines",
+    "approval_state_line",
+    "approvals_table",
     "audit_tables",
     "dag_table",
     "dead_letters_table",
@@ -216,3 +222,120 @@ def audit_tables(trail: dict[str, Any]) -> list[Table]:
             json.dumps(a["detail"])[:120],
         )
     return [events, log] if trail["audit"] else [events]
+
+
+# Approval status -> rich style.
+APPROVAL_STYLE = {
+    "pending": "yellow",
+    "approved": "green",
+    "rejected": "red",
+    "expired": "bright_black",
+    "cancelled": "bright_black",
+}
+
+
+def _when(ts: float | None) -> str:
+    """A timestamp as UTC wall-clock time (what a human compares with a clock)."""
+    if ts is None:
+        return "-"
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _decider(approval: dict[str, Any]) -> str:
+    """The identity that decided, with the display name it gave: ``key:abc (alice)``."""
+    by, name = approval.get("decided_by"), approval.get("decided_name")
+    if not by:
+        return "-"
+    return f"{by} ({name})" if name and name != by else str(by)
+
+
+def _approval_status(approval: dict[str, Any]) -> str:
+    status = str(approval["status"])
+    style = APPROVAL_STYLE.get(status, "white")
+    return f"[{style}]{status}[/{style}]"
+
+
+def approvals_table(approvals: list[dict[str, Any]]) -> Table:
+    """Approvals, one row each; the reason of a rejection is left to ``approvals show``."""
+    table = Table(title="approvals")
+    for column in (
+        "approval",
+        "task",
+        "capability",
+        "agent",
+        "caller",
+        "requested",
+        "expires",
+        "status",
+        "decided by",
+    ):
+        table.add_column(column)
+    for a in approvals:
+        table.add_row(
+            a["approval_id"],
+            a["task_id"],
+            escape(a["capability"]),
+            a.get("agent_id") or "-",
+            escape(a.get("caller") or "-"),
+            _when(a["requested_at"]),
+            _when(a["expires_at"]),
+            _approval_status(a),
+            escape(_decider(a)),
+        )
+    return table
+
+
+def approval_lines(approval: dict[str, Any]) -> list[str]:
+    """One approval, a field a line: what was asked, bound to which payload, and the
+    decision (who, when, why) once there is one."""
+    lines = [
+        f"[bold]approval {approval['approval_id']}[/bold]  {_approval_status(approval)}",
+        f"task:           {approval['task_id']}",
+        f"capability:     {escape(approval['capability'])}",
+        f"method:         {escape(approval.get('method') or '-')}",
+        f"agent:          {approval.get('agent_id') or '-'}",
+        f"caller:         {escape(approval.get('caller') or '-')}",
+        f"payload sha256: {approval.get('payload_hash') or '-'}",
+        f"requested:      {_when(approval['requested_at'])}",
+        f"expires:        {_when(approval['expires_at'])}",
+    ]
+    if approval.get("decided_by") or approval.get("decided_at") is not None:
+        lines.append(f"decided by:     {escape(_decider(approval))}")
+        lines.append(f"decided at:     {_when(approval.get('decided_at'))}")
+    if approval.get("reason"):
+        lines.append(f"reason:         {escape(str(approval['reason']))}")
+    return lines
+
+
+# A task event of the approval gate -> the approval status it leaves behind.
+APPROVAL_EVENTS = {
+    "approval_requested": "pending",
+    "approval_granted": "approved",
+    "approval_rejected": "rejected",
+    "approval_expired": "expired",
+}
+
+
+def approval_state_line(events: list[dict[str, Any]]) -> str | None:
+    """Where a task stands at the approval gate, read from its events (the latest approval
+    event decides, and any key that reads the task reads them); None if never parked."""
+    found = [e for e in events if e["kind"] in APPROVAL_EVENTS]
+    if not found:
+        return None
+    last = found[-1]
+    detail: dict[str, Any] = {}
+    for e in found:
+        detail.update(e.get("detail") or {})
+    view = {**detail, "status": APPROVAL_EVENTS[last["kind"]]}
+    head = f"approval {escape(str(view.get('approval_id') or '?'))}  {_approval_status(view)}"
+    if view["status"] == "pending":
+        return (
+            f"{head}  expires {_when(view.get('expires_at'))}  "
+            f"(decide with `reach approvals approve|reject {view.get('approval_id')}`)"
+        )
+    if view["status"] == "expired":
+        return f"{head}  at {_when(view.get('expires_at'))}: nobody decided in time"
+    line = f"{head}  by {escape(_decider(view))} at {_when(last['at'])}"
+    if view["status"] == "rejected" and view.get("reason"):
+        line += f": {escape(str(view['reason']))}"
+    return line

@@ -14,7 +14,8 @@ Scopes::
     caller  send, broadcast, start DAG runs; read the tasks it submitted
     agent   register / heartbeat / deregister / report for agent IDs matching its pattern;
             send as that agent (a reach from inside a handler); read what it sent or got
-    viewer  read-only: the fleet, every task, dead letters, metrics
+    viewer  read-only: the fleet, every task, dead letters, metrics, approvals
+    approver  approve or reject parked tasks (issue 13), and read the approvals to decide
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class Scope(StrEnum):
     CALLER = "caller"
     AGENT = "agent"
     VIEWER = "viewer"
+    APPROVER = "approver"
 
 
 class Action(StrEnum):
@@ -45,11 +47,14 @@ class Action(StrEnum):
     READ_TASK = "read_task"  # a task (and its events), subject to ownership
     READ_FLEET = "read_fleet"  # the admin read views: agents, instances, DLQ, metrics, audit
     ADMINISTER = "administer"  # replay, trust levels, allow-lists, keys
+    APPROVE = "approve"  # approve or reject a task parked for a human decision
+    READ_APPROVALS = "read_approvals"  # the approvals list and one approval
 
 
 _ALLOWED: dict[Scope, frozenset[Action]] = {
     Scope.ADMIN: frozenset(Action),
-    Scope.VIEWER: frozenset({Action.READ_TASK, Action.READ_FLEET}),
+    Scope.VIEWER: frozenset({Action.READ_TASK, Action.READ_FLEET, Action.READ_APPROVALS}),
+    Scope.APPROVER: frozenset({Action.APPROVE, Action.READ_APPROVALS}),
     Scope.CALLER: frozenset({Action.SUBMIT, Action.READ_TASK}),
     Scope.AGENT: frozenset({Action.ACT_AS_AGENT, Action.REPORT, Action.SUBMIT, Action.READ_TASK}),
 }

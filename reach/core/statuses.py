@@ -13,7 +13,15 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Final
 
-__all__ = ["LIVE", "TERMINAL", "DagRunStatus", "InstanceStatus", "NodeStatus", "TaskStatus"]
+__all__ = [
+    "LIVE",
+    "TERMINAL",
+    "ApprovalStatus",
+    "DagRunStatus",
+    "InstanceStatus",
+    "NodeStatus",
+    "TaskStatus",
+]
 
 
 class TaskStatus(StrEnum):
@@ -65,3 +73,14 @@ class DagRunStatus(StrEnum):
     RUNNING = "running"
     SUCCESS = "success"
     FAILED = "failed"
+
+
+class ApprovalStatus(StrEnum):
+    """Where a human decision on a parked task is: ``pending`` until someone approves or
+    rejects it, its time runs out (``expired``, by the beat sweep) or the task is cancelled."""
+
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"

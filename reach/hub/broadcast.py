@@ -19,7 +19,7 @@ from reach.core.routing import RouteFilter, matches
 from reach.core.statuses import TERMINAL, InstanceStatus, TaskStatus
 from reach.core.trust import is_l3
 from reach.errors import NoSuitableAgent, UnknownTask
-from reach.hub import registry, trust
+from reach.hub import approvals, registry, trust
 from reach.hub.monitoring import Policy
 from reach.hub.storage.models import BroadcastRow, TaskRow
 from reach.hub.submission import submit
@@ -37,6 +37,7 @@ def start(
     published_at: float | None = None,
     caller: str | None = None,
     l3_cap: int = trust.DEFAULT_L3_CAP,
+    approval: approvals.ApprovalPolicy = approvals.DEFAULT_POLICY,
 ) -> BroadcastRow:
     """One pinned task per routable matching instance, all in this transaction.
 
@@ -86,6 +87,7 @@ def start(
             published_at=published_at,
             caller=caller,
             l3_cap=l3_cap,
+            approval=approval,
         )
         rows.append(
             {"instance_id": c.instance_id, "agent_id": c.agent_id, "task_id": task["task_id"]}

@@ -16,6 +16,8 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from reach.errors import HubUnavailable, ReachError, RegistrationConflict
+from reach.hub import approval_webhook
+from reach.hub.approvals import ApprovalPolicy
 from reach.hub.clock import Clock, SystemClock
 from reach.hub.delivery import DeliveryPolicy, Publish, mark_published, unmark_published
 from reach.hub.monitoring import Policy
@@ -48,6 +50,8 @@ class HubContext:
             broker if broker.startswith(("redis://", "rediss://")) else None
         )
         self.completions.attach(self.sessions)
+        if self.settings.approval.webhook_url:
+            approval_webhook.attach(self.sessions, lambda a: self.publisher.publish_webhook(a))
 
     @classmethod
     def from_settings(cls, settings: Settings, clock: Clock | None = None) -> HubContext:
@@ -57,6 +61,10 @@ class HubContext:
     @cached_property
     def policy(self) -> Policy:
         return Policy.from_settings(self.settings)
+
+    @cached_property
+    def approval_policy(self) -> ApprovalPolicy:
+        return ApprovalPolicy.from_settings(self.settings)
 
     @cached_property
     def delivery_policy(self) -> DeliveryPolicy:

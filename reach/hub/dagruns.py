@@ -5,6 +5,13 @@ at submit, failed, timed out, its task gone, the store refusing the step) become
 ``NodeResult`` stored here, and the next level reads its ancestors' results from here — not
 from chord arguments, which only carry the previous level. A run whose chord died anyway
 (its messages lost with a worker or a broker) is resumed or finished by `sweep`.
+
+A node whose task is parked for a human decision (``awaiting_approval``) waits without a
+clock: its timeout counts from the decision, not from the submit, and the sweep neither
+resumes nor abandons a run while one of its tasks is parked (the approval's own expiry,
+enforced by the beat, bounds the wait) and leaves the time spent waiting out of the run's
+age. Rejected or expired, the task is ``failed``: the node fails and the run follows its
+failure branch like for any failed node.
 """
 
 from __future__ import annotations
@@ -20,9 +27,10 @@ from sqlalchemy.orm import Session
 from reach.core import dags
 from reach.core.dags import DagSpec, NodeResult, NodeStatus
 from reach.core.dags.sweep import RunClock, SweepAction, sweep_action
-from reach.core.statuses import TERMINAL, DagRunStatus, TaskStatus
+from reach.core.statuses import TERMINAL, ApprovalStatus, DagRunStatus, TaskStatus
 from reach.errors import DagError, ReachError, UnknownTask
-from reach.hub.storage.models import DagNodeRunRow, DagRunRow, TaskRow
+from reach.hub import approvals
+from reach.hub.storage.models import ApprovalRow, DagNodeRunRow, DagRunRow, TaskRow
 from reach.hub.submission import submit
 from reach.schemas import SubmitRequest
 
@@ -41,6 +49,7 @@ class Step:
 
     result: NodeResult | None
     submitted_task: str | None = None
+    parked: bool = False  # its task waits for a human: poll slowly, no timeout runs
 
 
 def start_run(
@@ -89,7 +98,13 @@ def results_of(nodes: dict[str, DagNodeRunRow]) -> dict[str, NodeResult]:
     }
 
 
-def advance_node(session: Session, run_id: str, node_id: str, now: float) -> Step:
+def advance_node(
+    session: Session,
+    run_id: str,
+    node_id: str,
+    now: float,
+    approval: approvals.ApprovalPolicy = approvals.DEFAULT_POLICY,
+) -> Step:
     """Decide, submit, or collect one node; idempotent (a duplicate task finds it done).
 
     The node's row is locked for the step, so duplicate copies of a node task (and the
@@ -123,6 +138,7 @@ def advance_node(session: Session, run_id: str, node_id: str, now: float) -> Ste
                 _node_request(run_id, node, f"{run_id}.{node_id}", payload),
                 now,
                 caller=run.caller,
+                approval=approval,
             )
         except (DagError, ReachError) as exc:
             error = {"kind": type(exc).__name__, "message": exc.detail}
@@ -143,11 +159,15 @@ def advance_node(session: Session, run_id: str, node_id: str, now: float) -> Ste
     if reach_task is None:  # deleted under the run (an operator, retention): a stated failure
         gone = UnknownTask(f"task {row.task_id!r} of node {node_id!r} vanished")
         return Step(_finish(row, failure_of(gone, "its task vanished"), now))
-    transient = reach_task.status == TaskStatus.DEAD or (
-        reach_task.status not in TERMINAL
-        and row.started_at is not None
-        and now - row.started_at > node.timeout_ms / 1000
+    if reach_task.status == TaskStatus.AWAITING_APPROVAL:
+        return Step(None, parked=True)
+    limit_s = node.timeout_ms / 1000
+    late = (  # the cheap test first: the approval is read only past the timeout
+        row.started_at is not None
+        and now - row.started_at > limit_s
+        and now - _clock_start(session, row.task_id, row.started_at) > limit_s
     )
+    transient = reach_task.status == TaskStatus.DEAD or (reach_task.status not in TERMINAL and late)
     if transient and run.retries < MAX_RUN_RETRIES:
         # delivery gave up (or the node timed out): re-attempt it, from the run's budget
         run.retries += 1
@@ -159,6 +179,7 @@ def advance_node(session: Session, run_id: str, node_id: str, now: float) -> Ste
                 ),
                 now,
                 caller=run.caller,
+                approval=approval,
             )
         except ReachError as exc:  # e.g. the agent left since the first attempt
             return Step(_finish(row, failure_of(exc, f"not re-submitted: {exc.detail}"), now))
@@ -177,7 +198,7 @@ def advance_node(session: Session, run_id: str, node_id: str, now: float) -> Ste
                 reason=f"task {reach_task.status}",
             )
         return Step(_finish(row, result, now))
-    if row.started_at is not None and now - row.started_at > node.timeout_ms / 1000:
+    if late:
         return Step(
             _finish(
                 row,
@@ -281,6 +302,13 @@ def _node_request(
     )
 
 
+def _clock_start(session: Session, task_id: str | None, started_at: float) -> float:
+    """When a node's timeout starts counting: at its submit, or at the human decision if
+    its task was parked."""
+    decided = session.scalar(select(ApprovalRow.decided_at).where(ApprovalRow.task_id == task_id))
+    return max(started_at, decided or started_at)
+
+
 def _finish(row: DagNodeRunRow, result: NodeResult, now: float) -> NodeResult:
     row.status = result.status.value
     row.data = result.data
@@ -338,6 +366,7 @@ def canvas_step(
     capability: str | None,
     timeout_ms: int,
     now: float,
+    approval: approvals.ApprovalPolicy = approvals.DEFAULT_POLICY,
 ) -> Step:
     """A hand-composed canvas step: submit once, then report the task's outcome."""
     existing = session.scalar(select(TaskRow).where(TaskRow.task_id == task_id))
@@ -355,6 +384,7 @@ def canvas_step(
                     timeout_ms=timeout_ms,
                 ),
                 now,
+                approval=approval,
             )
         except ReachError as exc:
             return Step(
@@ -365,8 +395,14 @@ def canvas_step(
                 )
             )
         return Step(None, submitted_task=task_id)
+    if existing.status == TaskStatus.AWAITING_APPROVAL:
+        return Step(None, parked=True)
     if existing.status not in TERMINAL:
-        if now - existing.created_at > timeout_ms / 1000:
+        limit_s = timeout_ms / 1000
+        if (
+            now - existing.created_at > limit_s
+            and now - _clock_start(session, task_id, existing.created_at) > limit_s
+        ):
             return Step(
                 NodeResult(status=NodeStatus.TIMEOUT, reason=f"no result within {timeout_ms} ms")
             )
@@ -416,15 +452,27 @@ class SweepReport:
     resumed: list[Resume] = field(default_factory=list)
 
 
-def run_clock(run: DagRunRow, nodes: dict[str, DagNodeRunRow], plan: dags.Plan) -> RunClock:
-    """The run's bounds from its spec, and its last sign of progress from its rows."""
+def run_clock(
+    run: DagRunRow,
+    nodes: dict[str, DagNodeRunRow],
+    plan: dags.Plan,
+    waits: list[ApprovalRow] | None = None,
+    now: float | None = None,
+) -> RunClock:
+    """The run's bounds from its spec, and its last sign of progress from its rows;
+    ``waits``: the approvals its nodes' tasks waited on (a decision is progress too)."""
+    waits = waits or []
     marks = [run.created_at, run.updated_at]
     marks += [t for row in nodes.values() for t in (row.started_at, row.finished_at) if t]
+    marks += [a.decided_at for a in waits if a.decided_at]
+    until = now if now is not None else max(marks)
     return RunClock(
         created_at=run.created_at,
         last_progress=max(marks),
         worst_case_s=worst_case_seconds(plan.spec, plan),
         longest_node_s=max(n.timeout_ms for n in plan.spec.nodes) / 1000,
+        waited_s=sum(max(0.0, (a.decided_at or until) - a.requested_at) for a in waits),
+        parked=any(a.status == ApprovalStatus.PENDING for a in waits),
     )
 
 
@@ -446,10 +494,11 @@ def sweep(session: Session, now: float, margin_s: float, limit: int = SWEEP_BATC
     by_run: dict[str, dict[str, DagNodeRunRow]] = {}
     for row in rows:
         by_run.setdefault(row.run_id, {})[row.node_id] = row
+    waits = _approvals_of(session, [row for row in rows if row.task_id])
     for run in runs:
         nodes = by_run.get(run.run_id, {})
         plan = dags.compile_plan(DagSpec.model_validate(run.spec))
-        clock = run_clock(run, nodes, plan)
+        clock = run_clock(run, nodes, plan, waits.get(run.run_id), now)
         unfinished = [n for level in plan.levels for n in level if nodes[n].status not in FINISHED]
         action = sweep_action(clock, not unfinished, now, margin_s)
         if action is SweepAction.FINISH:
@@ -472,6 +521,17 @@ def sweep(session: Session, now: float, margin_s: float, limit: int = SWEEP_BATC
             [r.run_id for r in report.resumed],
         )
     return report
+
+
+def _approvals_of(session: Session, rows: list[DagNodeRunRow]) -> dict[str, list[ApprovalRow]]:
+    """The approvals the nodes' current tasks waited (or wait) on, by run: one read."""
+    run_of = {row.task_id: row.run_id for row in rows}
+    if not run_of:
+        return {}
+    found: dict[str, list[ApprovalRow]] = {}
+    for approval in session.scalars(select(ApprovalRow).where(ApprovalRow.task_id.in_(run_of))):
+        found.setdefault(run_of[approval.task_id], []).append(approval)
+    return found
 
 
 def _claim_resume(session: Session, run: DagRunRow, now: float) -> bool:

@@ -79,7 +79,23 @@ class RegistryCollector(Collector):
         yield from (score, rtt, loss, status)
 
 
-def render(rows: InstanceRows) -> tuple[bytes, str]:
+class ApprovalsCollector(Collector):
+    """The pending-approvals gauge, counted in the store at scrape time."""
+
+    def __init__(self, pending: Callable[[], int]) -> None:
+        self._pending = pending
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(
+            "agentreach_approvals_pending",
+            "Tasks parked until a human approves or rejects them.",
+            value=self._pending(),
+        )
+
+
+def render(
+    rows: InstanceRows, pending_approvals: Callable[[], int] | None = None
+) -> tuple[bytes, str]:
     """The text exposition of every process's counters plus the registry gauges."""
     registry = CollectorRegistry()
     if os.environ.get(ENV):
@@ -89,6 +105,8 @@ def render(rows: InstanceRows) -> tuple[bytes, str]:
     else:
         registry.register(_ThisProcess())  # single process: tests, embedded use
     registry.register(RegistryCollector(rows))
+    if pending_approvals is not None:
+        registry.register(ApprovalsCollector(pending_approvals))
     return generate_latest(registry), CONTENT_TYPE_LATEST
 
 
@@ -108,6 +126,11 @@ DELIVERY_SECONDS = Histogram(
     "agentreach_router_delivery_seconds",
     "Hub-to-agent HTTP round trip of one delivery attempt.",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+APPROVALS_TOTAL = Counter(
+    "agentreach_approvals_total",
+    "Approval requests and their outcomes (requested, approved, rejected, expired, cancelled).",
+    ["outcome"],
 )
 TASKS_TOTAL = Counter("agentreach_tasks_total", "Tasks reaching a terminal state.", ["status"])
 BREAKER_OPEN_TOTAL = Counter(

@@ -20,6 +20,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -267,6 +268,46 @@ class SecuritySettings(_Section):
     tls: TlsSettings = TlsSettings()
 
 
+class ApprovalSettings(_Section):
+    """The approval gate (``reach.hub.approvals``): which tasks wait for a human, how long.
+
+    A capability declaring ``require_approval`` or ``danger_level: high`` always waits;
+    ``capabilities`` adds fnmatch patterns of methods or capabilities (``payments.*``).
+    """
+
+    timeout_s: float = Field(
+        3600.0, gt=0, le=30 * 86400, description="a request nobody decides expires after this"
+    )
+    capabilities: list[str] = Field(
+        default_factory=list, description="fnmatch patterns that need approval by policy"
+    )
+    forbid_self_approval: bool = Field(True, description="the requester may not decide its own")
+    webhook_url: str | None = Field(None, description="each request is POSTed here, signed")
+    webhook_allow_private: bool = Field(
+        False, description="allow a loopback or private webhook address (refused: SSRF)"
+    )
+    webhook_max_retries: int = Field(
+        12, ge=0, le=100, description="retries of a webhook the receiver did not take"
+    )
+    public_url: str | None = Field(
+        None, description="the hub's URL as approvers reach it (links in the webhook)"
+    )
+
+    @field_validator("webhook_url", "public_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"must be an http(s) URL with a host, got {value!r}")
+        return value
+
+    sweep_interval_s: float = Field(
+        5.0, gt=0, le=3600, description="seconds between the beat's expiry sweeps"
+    )
+
+
 class Settings(BaseSettings):
     """Every section of the hub's configuration.
 
@@ -289,6 +330,7 @@ class Settings(BaseSettings):
     dags: DagSettings = DagSettings()
     beat: BeatSettings = BeatSettings()
     security: SecuritySettings = SecuritySettings()
+    approval: ApprovalSettings = ApprovalSettings()
 
     @classmethod
     def settings_customise_sources(

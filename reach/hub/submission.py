@@ -27,7 +27,7 @@ from reach.core.routing import Declaration, RouteFilter, eligibility
 from reach.core.statuses import InstanceStatus, TaskStatus
 from reach.core.trust import is_l3
 from reach.errors import CircuitOpen, InvalidPayload, NoSuitableAgent, ReachError, TaskConflict
-from reach.hub import trust
+from reach.hub import approvals, trust
 from reach.hub.delivery import VIEW_COLUMNS, task_view
 from reach.hub.registry import CANDIDATE_LIMIT, prefilter
 from reach.hub.storage.models import AgentRow, InstanceRow, OutboxRow, TaskEventRow, TaskRow
@@ -70,6 +70,7 @@ def submit(
     look_first: bool = True,
     caller: str | None = None,
     l3_cap: int = trust.DEFAULT_L3_CAP,
+    approval: approvals.ApprovalPolicy = approvals.DEFAULT_POLICY,
 ) -> tuple[dict[str, Any], bool]:
     """Create the task (or find the existing one with this task_id): (its view, created).
 
@@ -87,6 +88,10 @@ def submit(
     the payload cap): a refusal (`Forbidden`, `RequestTooLarge`) is raised before anything
     of the task is written, with its audit row in the session -- a caller that commits
     after catching it keeps the record and nothing else.
+
+    A task whose capability needs a human decision (`reach.hub.approvals.required`, under
+    ``approval``) is parked instead: status ``awaiting_approval``, an approval row, no
+    outbox row -- the caller must not publish it (its view says the status).
     """
     target = target_of(req)
     if pin_instance:
@@ -107,7 +112,7 @@ def submit(
                 )
             return task_view(existing), False
     task_id = req.task_id or f"t-{uuid.uuid4().hex}"
-    _check_target(session, req, now, task_id=task_id, caller=caller, l3_cap=l3_cap)
+    decls = _check_target(session, req, now, task_id=task_id, caller=caller, l3_cap=l3_cap)
     trace = (
         req.trace.model_dump()
         if req.trace
@@ -135,6 +140,11 @@ def submit(
         "last_published_at": published_at,
         "caller": caller,
     }
+    if approvals.required(decls, req.method, req.capability, approval):
+        approvals.park(session, values, now, approval, capability=req.capability or req.method)
+        view = {name: values.get(name) for name in VIEW_COLUMNS}
+        view["status"] = TaskStatus.AWAITING_APPROVAL
+        return view, True
     # plain inserts (the hot path of every submit: the ORM's unit of work cost more)
     conn = session.connection()
     conn.execute(_ADD_TASK, values)
@@ -181,10 +191,13 @@ def _check_target(
     task_id: str | None = None,
     caller: str | None = None,
     l3_cap: int = trust.DEFAULT_L3_CAP,
-) -> None:
+) -> list[dict[str, Any] | None]:
     """At least one registered agent must be eligible (`reach.core.routing.eligibility`,
     the rule delivery routes by) and accept the payload, and not every instance of the
     eligible agents may have its circuit breaker open.
+
+    Returns the capability declaration (None: the agent declares none) of each eligible
+    agent, for the approval gate.
 
     One indexed read (`registry.prefilter`: the agents the filter names, never the fleet)
     of the matching agents with their live instances' breaker state, closed breakers first
@@ -198,6 +211,7 @@ def _check_target(
         breakers.setdefault(agent.agent_id, []).append(agent.breaker_open_until)
     schema_errors: list[str] = []
     matched: list[str] = []
+    decls: dict[str, dict[str, Any] | None] = {}
     for agent in agents.values():
         types = {c["type"]: c for c in agent.capabilities}
         declared = Declaration(
@@ -216,11 +230,12 @@ def _check_target(
                 schema_errors.append(f"{agent.agent_id}: {error}")
                 continue
         matched.append(agent.agent_id)
+        decls[agent.agent_id] = types.get(found.capability) if found.capability else None
     if matched:
         trusts = {a: agents[a].trust_level for a in matched}
         matched = _screen(session, req, trusts, now, task_id, caller, l3_cap)
         _check_breakers(matched, [(a, u) for a in matched for u in breakers[a]], now)
-        return
+        return [decls[a] for a in matched]
     if schema_errors:
         raise InvalidPayload(
             f"payload does not satisfy params_schema of {req.method!r}: {schema_errors[0]}",

@@ -6,9 +6,12 @@
 Errors are typed: ``NoSuitableAgent``, ``InvalidPayload`` and ``CircuitOpen`` (every
 matching instance is failing; ``.extra["retry_after"]`` says when to try again) at submit,
 ``BusinessError`` (the agent said no), ``DeadLettered`` (retries exhausted;
-``AgentUnreachable`` or ``AgentTimeout`` say why in ``.cause``) and ``ResultTimeout`` from
-``wait_for_result``; ``Unauthenticated`` (no valid key) and ``Forbidden`` (a key outside
-its scope) from any call.
+``AgentUnreachable`` or ``AgentTimeout`` say why in ``.cause``), ``ApprovalRejected`` (a
+human said no; ``.extra`` has ``decided_by`` and ``reason``), ``ApprovalExpired`` (nobody
+decided in time) and ``ResultTimeout`` (whose ``.extra["status"]`` says
+``awaiting_approval`` while a human has yet to decide) from ``wait_for_result``;
+``Unauthenticated`` (no valid key) and ``Forbidden`` (a key outside its scope) from any
+call. ``get_task`` shows a parked task's status as is: ``awaiting_approval``.
 
 Every function takes ``api_key``; by default, inside a handler, that agent's own key, else
 ``$REACH_API_KEY`` (see ``reach.sdk.hub_client.default_api_key``).
@@ -21,8 +24,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from reach.core.statuses import TERMINAL
-from reach.errors import BusinessError, DeadLettered, ReachError, ResultTimeout
+from reach.core.statuses import TERMINAL, TaskStatus
+from reach.errors import (
+    ApprovalExpired,
+    ApprovalRejected,
+    BusinessError,
+    DeadLettered,
+    ReachError,
+    ResultTimeout,
+)
 from reach.sdk import trace
 from reach.sdk.hub_client import HubClient
 
@@ -111,11 +121,22 @@ def wait_for_result(
         if view["status"] in TERMINAL:
             return _outcome(view)
         if time.monotonic() >= deadline:
-            raise ResultTimeout(
-                f"task {task_id} is still {view['status']} after {timeout:g}s",
-                task_id=task_id,
-                status=view["status"],
-            )
+            raise _timeout(view, task_id, timeout)
+
+
+def _timeout(view: dict[str, Any], task_id: str, timeout: float) -> ResultTimeout:
+    """A parked task did not time out on its own: it waits for a human, and says so."""
+    status = view["status"]
+    if status == TaskStatus.AWAITING_APPROVAL:
+        return ResultTimeout(
+            f"task {task_id} is still awaiting approval after {timeout:g}s "
+            "(a human must approve or reject it: `reach approvals list`)",
+            task_id=task_id,
+            status=status,
+        )
+    return ResultTimeout(
+        f"task {task_id} is still {status} after {timeout:g}s", task_id=task_id, status=status
+    )
 
 
 def _outcome(view: dict[str, Any]) -> TaskResult:
@@ -129,6 +150,23 @@ def _outcome(view: dict[str, Any]) -> TaskResult:
             view.get("instance_id"),
             view["attempt_seq"],
             view,
+        )
+    if status == "failed" and error.get("kind") == "approval_rejected":
+        by, reason = error.get("decided_by"), error.get("reason")
+        raise ApprovalRejected(
+            str(error.get("message") or f"task {view['task_id']} was rejected by {by}: {reason}"),
+            task_id=view["task_id"],
+            approval_id=error.get("approval_id"),
+            decided_by=by,
+            decided_name=error.get("decided_name"),
+            reason=reason,
+        )
+    if status == "failed" and error.get("kind") == "approval_expired":
+        raise ApprovalExpired(
+            str(error.get("message") or f"task {view['task_id']}: nobody approved it in time"),
+            task_id=view["task_id"],
+            approval_id=error.get("approval_id"),
+            expires_at=error.get("expires_at"),
         )
     if status == "failed":
         raise BusinessError(

@@ -20,6 +20,7 @@ TASK_MODULES = [
     "tasks.delivery",
     "tasks.outbox",
     "tasks.dags",
+    "tasks.webhooks",
 ]
 QUEUES = ("reach", "reach.probe")
 BEAT_SCHEDULER = "reach.worker.beat_lock:LeasedScheduler"  # one active beat (a lease)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from reach.hub.approval_webhook import WEBHOOK_TASK
 from reach.hub.delivery import Publish
 
 log = logging.getLogger("reach.worker.publisher")
@@ -39,6 +40,23 @@ class Publisher:
             log.warning(
                 "publish of %s#%d deferred to the relay: %s", item.task_id, item.attempt_seq, exc
             )
+            return False
+        return True
+
+    def publish_webhook(self, approval_id: str) -> bool:
+        """Queue one approval's webhook (``reach.hub.approval_webhook``); False if refused."""
+        try:
+            self.app.send_task(
+                WEBHOOK_TASK,
+                args=[approval_id],
+                queue=DELIVERY_QUEUE,
+                ignore_result=True,
+                reply_to=DELIVERY_QUEUE,
+                retry=True,
+                retry_policy=_RETRY_POLICY,
+            )
+        except Exception as exc:
+            log.warning("webhook of approval %s not queued: %s", approval_id, exc)
             return False
         return True
 

@@ -166,6 +166,43 @@ def test_chat_compose(stack: Stack, demo_agents: dict[str, Path]) -> None:
         )
 
 
+def test_orders_cancel_waits_for_a_human_then_is_delivered_once(
+    stack: Stack, demo_agents: dict[str, Path]
+) -> None:
+    """The demo's dangerous capability (``danger_level: high``) parks until approved."""
+    order = f"A-{free_port()}"  # unique per run: the agent's log is shared by the module
+    sub = reach.send(
+        capability="orders.cancel",
+        method="orders.cancel",
+        payload={"order_id": order, "reason": "customer asked"},
+        hub=stack.url,
+    )
+    assert reach.get_task(sub.task_id, hub=stack.url)["status"] == "awaiting_approval"
+    pending = requests.get(f"{stack.url}/api/v1/approvals", timeout=5).json()["approvals"]
+    (approval,) = [a for a in pending if a["task_id"] == sub.task_id]
+    assert approval["capability"] == "orders.cancel" and approval["status"] == "pending"
+    # sales.fetch on the same agent is not dangerous: delivered at once, as before
+    assert run(stack, "sales.fetch", {"region": "east"}).agent_id == "sales-agent-01"
+    log = demo_agents["sales-agent-01"]
+    assert f"cancelling order {order}" not in log.read_text(errors="replace")
+
+    r = requests.post(
+        f"{stack.url}/api/v1/approvals/{approval['approval_id']}/approve",
+        json={"name": "Demo Approver"},
+        timeout=10,
+    )
+    assert r.status_code == 200, r.text
+    result = reach.wait_for_result(sub.task_id, timeout=30, hub=stack.url)
+    assert result.agent_id == "sales-agent-01"
+    assert result.data == {"order_id": order, "status": "cancelled"}
+    wait_until(
+        lambda: f"cancelling order {order}" in log.read_text(errors="replace"),
+        timeout=10,
+        what="the agent's log of the cancellation",
+    )
+    assert log.read_text(errors="replace").count(f"cancelling order {order}") == 1
+
+
 # -- the shipped sales DAG, run on the canvas through the real hub ---------------------------
 
 

@@ -170,7 +170,10 @@ def make_server(
 class CountingAgentProcess:
     """This module as its own process (``start`` again after ``kill``: the journal stays)."""
 
-    def __init__(self, hub: str, journal: Path, port: int, *extra: str) -> None:
+    def __init__(
+        self, hub: str, journal: Path, port: int, *extra: str, env: dict[str, str] | None = None
+    ) -> None:
+        self.env = env  # None: this process's environment (e.g. ``REACH_API_KEY`` set here)
         self.journal = journal
         self.port = port
         self.args = [
@@ -186,7 +189,9 @@ class CountingAgentProcess:
 
     def start(self) -> None:
         with self.journal.with_suffix(".out").open("ab") as out:
-            self.proc = subprocess.Popen(self.args, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                self.args, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=self.env
+            )
 
     def counts(self) -> Counts:
         """Live counts over HTTP (the journal file has them too: `read_journal`)."""
@@ -215,7 +220,11 @@ def main() -> None:
     parser.add_argument("--fail-first", type=int, default=0)
     parser.add_argument("--max-concurrency", type=int, default=32)
     parser.add_argument("--heartbeat-interval", type=float, default=0.5)
+    parser.add_argument("--require-approval", action="store_true")  # a dangerous capability
     args = parser.parse_args()
+    capability: dict[str, Any] = {"type": args.method, "params_schema": {"type": "object"}}
+    if args.require_approval:
+        capability.update(require_approval=True, danger_level="high")
 
     journal = Journal(args.journal)
     server = make_server(args.port, journal, args.delay, args.fail_first)
@@ -224,7 +233,7 @@ def main() -> None:
         addr=f"127.0.0.1:{args.port}",
         instance_id=args.instance_id,
         allow_loopback=True,
-        capabilities=[{"type": args.method, "params_schema": {"type": "object"}}],
+        capabilities=[capability],
         max_concurrency=args.max_concurrency,
         heartbeat_interval=args.heartbeat_interval,
         hub=args.hub,

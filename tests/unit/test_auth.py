@@ -24,7 +24,7 @@ from reach.core.auth import (
     secret_matches,
 )
 
-A, C, G, V = Scope.ADMIN, Scope.CALLER, Scope.AGENT, Scope.VIEWER
+A, C, G, V, P = Scope.ADMIN, Scope.CALLER, Scope.AGENT, Scope.VIEWER, Scope.APPROVER
 
 # (scope, action, permitted)
 TABLE = [
@@ -34,24 +34,40 @@ TABLE = [
     (A, Action.READ_TASK, True),
     (A, Action.READ_FLEET, True),
     (A, Action.ADMINISTER, True),
+    (A, Action.APPROVE, True),
+    (A, Action.READ_APPROVALS, True),
     (C, Action.ACT_AS_AGENT, False),
     (C, Action.REPORT, False),
     (C, Action.SUBMIT, True),
     (C, Action.READ_TASK, True),
     (C, Action.READ_FLEET, False),
     (C, Action.ADMINISTER, False),
+    (C, Action.APPROVE, False),
+    (C, Action.READ_APPROVALS, False),
     (G, Action.ACT_AS_AGENT, True),
     (G, Action.REPORT, True),
     (G, Action.SUBMIT, True),
     (G, Action.READ_TASK, True),
     (G, Action.READ_FLEET, False),
     (G, Action.ADMINISTER, False),
+    (G, Action.APPROVE, False),
+    (G, Action.READ_APPROVALS, False),
     (V, Action.ACT_AS_AGENT, False),
     (V, Action.REPORT, False),
     (V, Action.SUBMIT, False),
     (V, Action.READ_TASK, True),
     (V, Action.READ_FLEET, True),
     (V, Action.ADMINISTER, False),
+    (V, Action.APPROVE, False),
+    (V, Action.READ_APPROVALS, True),
+    (P, Action.ACT_AS_AGENT, False),
+    (P, Action.REPORT, False),
+    (P, Action.SUBMIT, False),
+    (P, Action.READ_TASK, False),
+    (P, Action.READ_FLEET, False),
+    (P, Action.ADMINISTER, False),
+    (P, Action.APPROVE, True),
+    (P, Action.READ_APPROVALS, True),
 ]
 
 

@@ -36,6 +36,26 @@ def test_sweep_action(run: RunClock, all_finished: bool, now: float, expected: S
     assert sweep_action(run, all_finished, now, margin_s=5.0) is expected
 
 
+def waited(last_progress: float, waited_s: float, parked: bool = False) -> RunClock:
+    return RunClock(0.0, last_progress, RUN.worst_case_s, RUN.longest_node_s, waited_s, parked)
+
+
+@pytest.mark.parametrize(
+    ("run", "now", "expected"),
+    [
+        (waited(0.0, 0.0, parked=True), 3600.0, SweepAction.LEAVE),  # a human decides
+        (waited(0.0, 0.0, parked=True), 15.1, SweepAction.LEAVE),  # silence is not death
+        (waited(3000.0, 3000.0), 3010.0, SweepAction.LEAVE),  # approved: age minus the wait
+        (waited(3000.0, 3000.0), 3065.1, SweepAction.ABANDON),  # past its bound all the same
+        (waited(3000.0, 3000.0), 3015.1, SweepAction.RESUME),  # silent since the decision
+    ],
+)
+def test_time_spent_waiting_for_a_human_is_not_the_runs(
+    run: RunClock, now: float, expected: SweepAction
+) -> None:
+    assert sweep_action(run, False, now, margin_s=5.0) is expected
+
+
 def test_the_sweep_runs_on_its_own_cadence() -> None:
     entry = beat_schedule(Settings(dags={"sweep_interval": 2.5}))["reach.dag-sweep"]
     assert entry["task"] == "reach.dag_sweep"

@@ -13,6 +13,8 @@ EXPECTED_ALL = [
     "Agent",
     "AgentTimeout",
     "AgentUnreachable",
+    "ApprovalExpired",
+    "ApprovalRejected",
     "Backpressure",
     "BroadcastResult",
     "BusinessError",
@@ -28,6 +30,7 @@ EXPECTED_ALL = [
     "InvalidPayload",
     "InvalidReachToken",
     "InvalidRegistration",
+    "InvalidSignature",
     "InvalidTaskRequest",
     "LoopDetected",
     "LoopbackAddress",
@@ -56,6 +59,7 @@ EXPECTED_ALL = [
     "report_progress",
     "report_result",
     "send",
+    "verify_webhook",
     "wait_for_result",
 ]
 
@@ -74,6 +78,7 @@ NOT_ERRORS = {
     "report_progress",
     "report_result",
     "send",
+    "verify_webhook",
     "wait_for_result",
 }
 

@@ -15,11 +15,12 @@ from sqlalchemy.orm import Session
 
 from reach.core.auth import Action, Principal, auth_required
 from reach.core.health import InstanceStatus
-from reach.hub import metrics, monitoring, registry, signing
+from reach.hub import approvals, metrics, monitoring, registry, signing
 from reach.hub.api import links
 from reach.hub.api.auth import AuthMiddleware, demand_agent, require
 from reach.hub.api.problems import BodyLimitMiddleware, install_problem_handlers
 from reach.hub.api.routes.agents_admin import agents_admin_router
+from reach.hub.api.routes.approvals import approval_router
 from reach.hub.api.routes.audit import audit_router
 from reach.hub.api.routes.broadcasts import broadcast_router
 from reach.hub.api.routes.dagruns import dag_router
@@ -94,6 +95,7 @@ def create_app(
         app.include_router(dag_router(ctx))
         app.include_router(agents_admin_router(ctx))
         app.include_router(audit_router(ctx))
+        app.include_router(approval_router(ctx))
     return app
 
 
@@ -171,7 +173,11 @@ def _metrics_router(ctx: HubContext) -> APIRouter:
             with ctx.reading() as session:
                 return registry.instance_gauges(session, ctx.clock.now(), ctx.policy)
 
-        body, content_type = metrics.render(rows)
+        def pending_approvals() -> int:
+            with ctx.reading() as session:
+                return approvals.pending_count(session)
+
+        body, content_type = metrics.render(rows, pending_approvals)
         return Response(body, media_type=content_type)
 
     return router

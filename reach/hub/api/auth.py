@@ -191,6 +191,8 @@ _VERBS = {
     Action.READ_TASK: "read tasks",
     Action.READ_FLEET: "read the admin API",
     Action.ADMINISTER: "administer the hub",
+    Action.APPROVE: "approve or reject tasks",
+    Action.READ_APPROVALS: "read approvals",
 }
 
 

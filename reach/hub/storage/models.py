@@ -353,3 +353,26 @@ class AuditRow(Base):
     outcome: Mapped[str] = mapped_column(String(16))
     task_id: Mapped[str | None] = mapped_column(String(128), nullable=True, index=True)
     detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class ApprovalRow(Base):
+    """The human decision a parked task waits on, bound to the hash of its payload."""
+
+    __tablename__ = "approvals"
+    __table_args__ = (Index("ix_approvals_status_expires", "status", "expires_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    approval_id: Mapped[str] = mapped_column(String(64), unique=True)
+    task_id: Mapped[str] = mapped_column(String(128), unique=True)
+    capability: Mapped[str] = mapped_column(String(128))
+    agent_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    method: Mapped[str] = mapped_column(String(128))
+    caller: Mapped[str | None] = mapped_column(String(160), nullable=True)
+    payload_hash: Mapped[str] = mapped_column(String(64))
+    requested_at: Mapped[float] = mapped_column(Double)
+    expires_at: Mapped[float] = mapped_column(Double)
+    status: Mapped[str] = mapped_column(String(16))
+    decided_by: Mapped[str | None] = mapped_column(String(160), nullable=True)
+    decided_name: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    decided_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)

@@ -37,6 +37,10 @@ OUTCOMES = {
     "duplicate_result": "ignored",
     "late_outcome": "ignored",
     "report_refused": "refused",
+    "approval_requested": "awaiting_approval",
+    "approval_granted": "approved",
+    "approval_rejected": "rejected",
+    "approval_expired": "expired",
 }
 
 

@@ -49,6 +49,7 @@ def broadcast_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRout
                 published_at=now,
                 caller=principal.identity,
                 l3_cap=ctx.settings.security.l3_max_payload_bytes,
+                approval=ctx.approval_policy,
             )
             return row.broadcast_id, [t["task_id"] for t in row.targets]
 

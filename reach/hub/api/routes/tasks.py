@@ -80,6 +80,7 @@ def task_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
                         look_first=attempts > 1,
                         caller=submitter.identity,
                         l3_cap=ctx.settings.security.l3_max_payload_bytes,
+                        approval=ctx.approval_policy,
                     )
                 except (Forbidden, RequestTooLarge) as refused:
                     return refused  # an L3 refusal: commit its audit row, then raise it
@@ -92,11 +93,12 @@ def task_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
         view, created = accepted
         status = 201 if created else 200
         task_id = view["task_id"]
+        queued = created and view["status"] != TaskStatus.AWAITING_APPROVAL  # parked: no attempt
         if not wait:
-            if created:
+            if queued:
                 await run_in_threadpool(ctx.publish_premarked, Publish(task_id, 1, 0.0))
             return JSONResponse(view, status_code=status)
-        published = not created
+        published = not queued
         views = iter([view])
 
         def read() -> dict[str, Any]:

@@ -1,0 +1,47 @@
+"""The approval webhook task: one POST per approval request, retried with backoff."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import shared_task
+
+from reach.core.retry import RetryPolicy, backoff_delay, should_retry
+from reach.core.webhooks import Answer
+from reach.errors import HubUnavailable
+from reach.hub import approval_webhook
+from reach.worker.process_random import process_random
+
+log = logging.getLogger("reach.tasks.webhooks")
+_rng = process_random()  # reseeded in each prefork child
+BACKOFF_BASE_S, BACKOFF_CAP_S = 1.0, 60.0
+
+
+@shared_task(
+    name=approval_webhook.WEBHOOK_TASK, bind=True, max_retries=None, acks_late=True,
+    ignore_result=True,
+)  # fmt: skip
+def send_approval_webhook(self: Any, approval_id: str) -> str:
+    from reach.worker.app import runtime
+
+    ctx = runtime()
+    settings = ctx.settings.approval
+    try:
+        sent = approval_webhook.deliver(ctx.sessions, settings, approval_id, ctx.clock.now())
+    except HubUnavailable as exc:
+        sent = approval_webhook.Sent(Answer.RETRY, f"the hub's database is unavailable: {exc}")
+    except Exception as exc:  # the database refusing the read, say: asked again later
+        sent = approval_webhook.Sent(Answer.RETRY, f"{type(exc).__name__}: {exc}")
+    if sent.answer is Answer.RETRY:
+        policy = RetryPolicy(
+            max_retry=settings.webhook_max_retries, base=BACKOFF_BASE_S, cap=BACKOFF_CAP_S
+        )
+        if should_retry(self.request.retries, policy):
+            delay = backoff_delay(self.request.retries + 1, policy, _rng)
+            log.info("webhook of approval %s: %s; again in %.1fs", approval_id, sent.detail, delay)
+            raise self.retry(countdown=delay)
+        log.error("webhook of approval %s given up: %s", approval_id, sent.detail)
+    elif sent.answer is Answer.DROP:
+        log.warning("webhook of approval %s not sent: %s", approval_id, sent.detail)
+    return sent.answer.value
