@@ -242,7 +242,7 @@ def _tokens(
         "runs": runs,
         "saturated_on": _r(on),
         "saturated_off": _r(off),
-        "throughput_cost": _r(1 - ratio(on, off)),
+        "throughput_cost_pct": _r(100 * (1 - ratio(on, off))),
         "p50_on_ms": _r(mean("on", "p50_ms")),
         "p50_off_ms": _r(mean("off", "p50_ms")),
         "p99_on_ms": _r(mean("on", "p99_ms")),
@@ -314,12 +314,12 @@ def targets(result: dict[str, Any]) -> list[Target]:
             out.append(Target(f"{name} lost tasks", get(name, "lost"), 0))
     tokens = result.get("tokens")
     if tokens:
-        cost = tokens["throughput_cost"]
+        cost = tokens["throughput_cost_pct"]
         out.append(
             Target(
-                "reach tokens: throughput lost to signing + verifying",
+                "reach tokens: saturated throughput lost to signing + verifying, %",
                 nan if cost is None else cost,
-                0.10,
+                10,
             )
         )
         lost = sum(r["lost"] for runs in tokens["runs"].values() for r in runs)

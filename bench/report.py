@@ -91,6 +91,12 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {_fmt(tokens['p50_on_ms'])} | {_fmt(tokens['p99_on_ms'])} |",
             f"| off | {_fmt(tokens['saturated_off'])} | {_fmt(tokens['p50_off_ms'])} "
             f"| {_fmt(tokens['p99_off_ms'])} |",
+            "",
+            "Each run's saturated rate (on / off): "
+            + " / ".join(
+                ", ".join(_fmt(r["saturated_rate"]) for r in tokens["runs"][mode])
+                for mode in ("on", "off")
+            ),
         ]
     targets = result.get("targets") or []
     if targets:
