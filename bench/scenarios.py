@@ -287,8 +287,7 @@ def closed_loop(bench: Bench, callers: int, duration: float, name: str = "closed
     samples: list[Sample] = []
     lock = threading.Lock()
     seq = itertools.count()
-    t0 = time.perf_counter()
-    stop_at = t0 + duration
+    t0 = stop_at = 0.0  # set once warmed up: the warm-up must not eat the measured time
 
     def caller() -> None:
         while time.perf_counter() < stop_at:
@@ -317,6 +316,8 @@ def closed_loop(bench: Bench, callers: int, duration: float, name: str = "closed
         )
 
     run_open_loop(warm, 20.0, 1.0)
+    t0 = time.perf_counter()
+    stop_at = t0 + duration
     threads = [threading.Thread(target=caller, daemon=True) for _ in range(callers)]
     with PeakRss(bench.hub.pids()) as rss:
         for t in threads:

@@ -106,11 +106,11 @@ def test_a_step_that_raises_ends_as_a_stored_failure_and_the_run_settles(
     real = dagruns.advance_node
     calls: list[str] = []
 
-    def broken(session: Session, run_id: str, node_id: str, now: float) -> dagruns.Step:
+    def broken(session: Session, run_id: str, node_id: str, now: float, *args: Any) -> dagruns.Step:
         calls.append(node_id)
         if node_id == "first":
             raise error
-        return real(session, run_id, node_id, now)
+        return real(session, run_id, node_id, now, *args)
 
     monkeypatch.setattr(dagruns, "advance_node", broken)
     monkeypatch.setattr(tasks.dags, "UNAVAILABLE_RETRY_S", (0.05, 0.05))
