@@ -16,6 +16,7 @@ from reach.errors import (
     DeadLettered,
     DeliveryError,
     Forbidden,
+    HubOverloaded,
     HubUnavailable,
     IllegalTransition,
     InvalidPayload,
@@ -40,6 +41,7 @@ from reach.errors import (
     Unauthenticated,
     UnknownAgent,
     UnknownInstance,
+    UnknownSession,
     UnknownTask,
 )
 from reach.schemas import Capability
@@ -77,6 +79,7 @@ __all__ = [
     "DeadLettered",
     "DeliveryError",
     "Forbidden",
+    "HubOverloaded",
     "HubUnavailable",
     "IllegalTransition",
     "InvalidPayload",
@@ -104,6 +107,7 @@ __all__ = [
     "Unauthenticated",
     "UnknownAgent",
     "UnknownInstance",
+    "UnknownSession",
     "UnknownTask",
     "__version__",
     "broadcast",

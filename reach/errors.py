@@ -25,6 +25,7 @@
     │   ├── StaleReport             a report for an attempt or instance the task no longer waits on
     │   └── ResultTimeout           no terminal result within the caller's wait
     ├── HubUnavailable              the hub (or its database) could not be reached
+    │   ├── HubOverloaded           memory admission: new submits wait (Retry-After)
     │   └── ProtocolError           the hub answered 2xx without the JSON it promises
     ├── DagError
     ├── SecurityError
@@ -41,8 +42,9 @@
     │   ├── SelfApproval            the requester may not decide its own request
     │   ├── ReasonRequired          a rejection without a reason
     │   └── PayloadChanged          the task's payload no longer matches what was requested
-    ├── LoopDetected
-    └── SessionClosed
+    ├── LoopDetected                a reach would repeat an agent of its path, or exceed max_hops
+    ├── UnknownSession              no session with this id
+    └── SessionClosed               the reach's session is closed: refused or cancelled
 
 Every class carries a stable problem ``slug``; the API turns it into the
 ``type`` of an ``application/problem+json`` answer and the SDK turns such an
@@ -204,11 +206,18 @@ class AgentTimeout(DeliveryError):
 
 
 class Backpressure(DeliveryError):
-    """The target is full; try again later (not a failure)."""
+    """The target is full; try again later (not a failure, never retried blindly).
+
+    ``.extra`` carries ``depth`` and ``limit`` (the agent's pending + in-flight tasks and
+    its bound) and ``retry_after_ms``, which the ``Retry-After`` header rounds up."""
 
     slug = "backpressure"
     status = 429
     title = "Backpressure"
+
+    def headers(self) -> dict[str, str]:
+        ms = self.extra.get("retry_after_ms")
+        return _retry_after(ms / 1000 if isinstance(ms, int | float) else None)
 
 
 class BusinessError(DeliveryError):
@@ -307,6 +316,17 @@ class HubUnavailable(ReachError):
         """Say when to try again (``retry_after`` s, else 1): a database outage is usually
         short, and a caller resubmitting the same task_id gets the same task."""
         return _retry_after(self.extra.get("retry_after", 1))
+
+
+class HubOverloaded(HubUnavailable):
+    """The hub refuses new work for a moment (memory admission); ``Retry-After`` says when."""
+
+    slug = "overloaded"
+    status = 503
+    title = "Hub overloaded"
+
+    def headers(self) -> dict[str, str]:
+        return _retry_after(self.extra.get("retry_after"))
 
 
 class ProtocolError(HubUnavailable):
@@ -441,7 +461,8 @@ class PayloadChanged(ApprovalError):
 
 
 class LoopDetected(ReachError):
-    """A reach would close a dependency loop between agents."""
+    """A reach would close a dependency loop between agents (A -> B -> A), or go deeper
+    than ``router.max_hops``; ``.extra["cycle"]`` names the agents in order."""
 
     slug = "loop-detected"
     status = 508
@@ -449,11 +470,20 @@ class LoopDetected(ReachError):
 
 
 class SessionClosed(ReachError):
-    """The user session behind this reach is closed."""
+    """The user session behind this reach is closed (or its TTL ran out): the reach is
+    refused, or was cancelled; ``.extra["session_id"]`` names it."""
 
     slug = "session-closed"
     status = 410
     title = "Session closed"
+
+
+class UnknownSession(ReachError):
+    """No session with this id (or one the key may not see)."""
+
+    slug = "unknown-session"
+    status = 404
+    title = "Unknown session"
 
 
 class RequestTooLarge(ReachError):

@@ -144,6 +144,10 @@ class TraceContext(WireModel):
     path: list[Annotated[str, Field(max_length=128)]] = Field(default_factory=list, max_length=1000)
 
 
+Priority = Literal["online", "background"]
+"""Online deliveries are consumed first; background ones yield while online work waits."""
+
+
 class SubmitRequest(WireModel):
     """``POST /v1/tasks``: one message to one agent, chosen by ID, tags or capability."""
 
@@ -159,6 +163,7 @@ class SubmitRequest(WireModel):
     timeout_ms: int = Field(30_000, ge=1, le=3_600_000, strict=True)  # `true` is no timeout
     session_id: Annotated[str, Field(max_length=128)] | None = None
     trace: TraceContext | None = None
+    priority: Priority = "online"
 
     @model_validator(mode="after")
     def _has_target(self) -> SubmitRequest:

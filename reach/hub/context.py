@@ -22,6 +22,7 @@ from reach.hub.clock import Clock, SystemClock
 from reach.hub.delivery import DeliveryPolicy, Publish, mark_published, unmark_published
 from reach.hub.monitoring import Policy
 from reach.hub.settings import Settings
+from reach.hub.shared_counts import SharedCounts
 from reach.hub.storage import create_engine_for, read_session_factory, session_factory
 from reach.hub.wakeups import CompletionBus
 
@@ -69,6 +70,12 @@ class HubContext:
     @cached_property
     def delivery_policy(self) -> DeliveryPolicy:
         return DeliveryPolicy.from_settings(self.settings)
+
+    @cached_property
+    def shared_counts(self) -> SharedCounts:
+        """This process's handle on the hub-wide flow windows (retry budgets, breakers,
+        agent pairs): built after fork, like the engine."""
+        return SharedCounts(self.sessions)
 
     @cached_property
     def publisher(self) -> Publisher:

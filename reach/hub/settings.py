@@ -63,6 +63,14 @@ class ServerSettings(_Section):
     port: int = Field(8800, ge=1, le=65535)
     admin_port: int | None = Field(None, ge=1, le=65535)
     max_body_bytes: int = Field(1_048_576, ge=1024)
+    # memory admission (issue 14): above this share of the API process's memory limit,
+    # new submits answer 503 with Retry-After; the limit is the cgroup's unless set
+    memory_admission_ratio: float = Field(
+        0.8, gt=0, le=1, description="share of the memory limit past which submits wait"
+    )
+    memory_limit_bytes: int | None = Field(
+        None, ge=1 << 20, description="the API process's memory limit; unset: the cgroup's"
+    )
 
     @field_validator("port", "admin_port", mode="before")
     @classmethod
@@ -158,6 +166,32 @@ class RouterSettings(_Section):
     )
     candidate_ttl: float = Field(
         0.5, ge=0, le=10, description="a worker reuses routing candidates this long; 0: never"
+    )
+    # flow control (issue 14, README "Flow control")
+    max_queue: int = Field(
+        1000, ge=1, le=10_000_000, description="pending + in-flight tasks per agent (429 past it)"
+    )
+    max_payload_bytes: int = Field(
+        1_048_576, ge=256, description="a task's payload past this is refused (413): send a ref"
+    )
+    max_hops: int = Field(8, ge=1, le=64, description="a reach deeper than this is a loop (508)")
+    retry_budget_ratio: float = Field(
+        0.2, ge=0, le=10, description="retries toward a target: at most this share of requests"
+    )
+    retry_budget_min_per_s: float = Field(
+        3.0, ge=0, description="retries per second a target always allows, whatever the ratio"
+    )
+    retry_budget_window: int = Field(
+        20, ge=1, le=300, description="seconds of requests the retry budget counts (10-30)"
+    )
+    background_share: float = Field(
+        0.5, gt=0, le=1, description="worker slots background tasks may hold while online waits"
+    )
+    loop_alert_threshold: int = Field(
+        20, ge=1, description="reaches each way between two agents in the window: loop suspected"
+    )
+    loop_alert_window: float = Field(
+        300.0, gt=0, le=86400, description="seconds of reaches the dependency-loop alert counts"
     )
 
     @field_validator("backoff_cap")
@@ -308,6 +342,18 @@ class ApprovalSettings(_Section):
     )
 
 
+class SessionSettings(_Section):
+    """Session liveness (``POST /v1/sessions/{id}/open|close``): reaches bound to a closed
+    session are cancelled and new ones refused."""
+
+    default_ttl_s: float | None = Field(
+        None, gt=0, le=30 * 86400, description="an opened session without a TTL lives this long"
+    )
+    max_ttl_s: float = Field(
+        7 * 86400.0, gt=0, le=365 * 86400, description="the longest TTL a session may ask for"
+    )
+
+
 class Settings(BaseSettings):
     """Every section of the hub's configuration.
 
@@ -331,6 +377,7 @@ class Settings(BaseSettings):
     beat: BeatSettings = BeatSettings()
     security: SecuritySettings = SecuritySettings()
     approval: ApprovalSettings = ApprovalSettings()
+    sessions: SessionSettings = SessionSettings()
 
     @classmethod
     def settings_customise_sources(

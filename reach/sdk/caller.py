@@ -69,10 +69,18 @@ def send(
     task_id: str | None = None,
     timeout_ms: int = 30_000,
     session_id: str | None = None,
+    priority: str = "online",
     hub: str | None = None,
     api_key: str | None = None,
 ) -> Submission:
-    """Submit one task; idempotent on ``task_id`` (resubmitting returns the same task)."""
+    """Submit one task; idempotent on ``task_id`` (resubmitting returns the same task).
+
+    ``priority`` is ``"online"`` (a user waits: consumed first) or ``"background"``
+    (yields while online work waits). A full target raises ``Backpressure`` (its
+    ``.extra`` has ``depth``, ``limit`` and ``retry_after_ms``): not a failure, and never
+    retried here -- the caller decides whether to wait that long. A reach that would
+    repeat an agent of its own path raises ``LoopDetected``; one bound to a closed
+    ``session_id`` raises ``SessionClosed``."""
     body: dict[str, Any] = {
         "method": method,
         "payload": payload or {},
@@ -84,6 +92,7 @@ def send(
         "timeout_ms": timeout_ms,
         "session_id": session_id,
         "trace": trace.child_of(trace.current()),
+        "priority": None if priority == "online" else priority,
     }
     answer = _client(hub, api_key=api_key).post(
         "/v1/tasks", {k: v for k, v in body.items() if v is not None}, keys=_SUBMITTED

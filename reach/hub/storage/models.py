@@ -39,6 +39,10 @@ class AgentRow(Base):
     trust_level: Mapped[str] = mapped_column(String(8), default="L2")
     created_at: Mapped[float] = mapped_column(Double)
     updated_at: Mapped[float] = mapped_column(Double)
+    # its queue bound: the admin's override wins over what it declared; both None: the
+    # router's ``max_queue``
+    max_queue: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_queue_override: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class AgentTagRow(Base):
@@ -150,7 +154,11 @@ class InstanceEventRow(Base):
 
 class TaskRow(Base):
     __tablename__ = "tasks"
-    __table_args__ = (Index("ix_tasks_status_next_attempt", "status", "next_attempt_at"),)
+    __table_args__ = (
+        Index("ix_tasks_status_next_attempt", "status", "next_attempt_at"),
+        Index("ix_tasks_agent_status", "agent_id", "status"),  # an agent's queue depth
+        Index("ix_tasks_session_status", "session_id", "status"),  # a closed session's reaches
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     task_id: Mapped[str] = mapped_column(String(128), unique=True)
@@ -184,6 +192,8 @@ class TaskRow(Base):
     max_retry: Mapped[int | None] = mapped_column(Integer, nullable=True)
     # the authenticated identity that submitted it (``reach.core.auth.Principal.identity``)
     caller: Mapped[str | None] = mapped_column(String(160), nullable=True)
+    # online | background: which delivery queue its attempts go to
+    priority: Mapped[str] = mapped_column(String(16), default="online", server_default="online")
 
 
 class TaskEventRow(Base):
@@ -376,3 +386,43 @@ class ApprovalRow(Base):
     decided_name: Mapped[str | None] = mapped_column(String(128), nullable=True)
     decided_at: Mapped[float | None] = mapped_column(Double, nullable=True)
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class SessionRow(Base):
+    """A user session reaches are bound to (``session_id``): closing it cancels them."""
+
+    __tablename__ = "sessions"
+
+    session_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    status: Mapped[str] = mapped_column(String(16))  # open | closed
+    owner: Mapped[str | None] = mapped_column(String(160), nullable=True)
+    opened_at: Mapped[float] = mapped_column(Double)
+    expires_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    closed_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    closed_by: Mapped[str | None] = mapped_column(String(160), nullable=True)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class FlowCountRow(Base):
+    """One second's count of one hub-wide window (``reach.hub.shared_counts``)."""
+
+    __tablename__ = "flow_counts"
+    __table_args__ = (Index("ix_flow_counts_bucket", "bucket"),)
+
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    key: Mapped[str] = mapped_column(String(300), primary_key=True)
+    bucket: Mapped[int] = mapped_column(Integer, primary_key=True)
+    count: Mapped[int] = mapped_column(Integer)
+
+
+class AgentLinkRow(Base):
+    """An ordered agent pair suspected of a dependency loop (both ways busy), demoted to
+    background priority until ``demoted_until``."""
+
+    __tablename__ = "agent_links"
+
+    src: Mapped[str] = mapped_column(String(128), primary_key=True)
+    dst: Mapped[str] = mapped_column(String(128), primary_key=True)
+    suspected_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    demoted_until: Mapped[float | None] = mapped_column(Double, nullable=True)
+    detail: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)

@@ -1,0 +1,164 @@
+"""Hub-wide sliding-window counts: every API and worker process adds to the same windows.
+
+Flow control decides on what the whole hub sees, not one process: a retry budget or a
+circuit breaker counted per process needs N processes x the evidence to act (and each
+prefork child is a process). The counts live in the store's ``flow_counts`` table, one
+row per (name, key, second), so they work on SQLite and PostgreSQL alike and survive a
+restart.
+
+Writing a row per request would put a hot row on the delivery path, so each process
+buffers its increments and flushes them at most every ``flush_every`` seconds (one
+short transaction of upserts); a reader sees the store's sums (cached ``read_ttl``
+seconds) plus its own unflushed increments. Another process's latest second may be
+missing from a total: a lag of about a second, which every consumer here tolerates
+(budgets and breakers act on windows of 10 s and more).
+
+The counts are advisory: a database failure while flushing is logged and the
+increments stay buffered (bounded), never raised into a delivery.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from reach.hub.storage.models import FlowCountRow
+
+log = logging.getLogger("reach.hub.shared_counts")
+
+_Bucket = tuple[str, str, int]  # (name, key, second)
+MAX_PENDING = 10_000  # buffered (name, key, second) cells kept through a database outage
+KEY_MAX = 300  # the ``flow_counts.key`` column
+
+
+def bucket_of(now: float) -> int:
+    """The one-second bucket ``now`` counts into."""
+    return math.floor(now)
+
+
+def window_start(now: float, window_s: float) -> int:
+    """The oldest bucket inside a window of ``window_s`` seconds ending at ``now``."""
+    return bucket_of(now) - max(1, math.ceil(window_s)) + 1
+
+
+class SharedCounts:
+    """This process's handle on the hub-wide windows (one per process, thread-safe)."""
+
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        *,
+        flush_every: float = 1.0,
+        read_ttl: float = 0.5,
+        keep_s: int = 3600,
+    ) -> None:
+        self._sessions = sessions
+        self._flush_every = flush_every
+        self._read_ttl = read_ttl
+        self._keep_s = keep_s
+        self._pending: dict[_Bucket, int] = {}
+        self._cache: dict[tuple[str, str, int], tuple[float, int]] = {}
+        self._lock = threading.Lock()
+        self._flushed_at = -math.inf
+        self._pruned_at = -math.inf
+
+    def add(self, name: str, key: str, now: float, n: int = 1) -> None:
+        """Count ``n`` at ``now``; flushes the buffer when it is due."""
+        cell = (name, key[:KEY_MAX], bucket_of(now))
+        with self._lock:
+            if cell in self._pending or len(self._pending) < MAX_PENDING:
+                self._pending[cell] = self._pending.get(cell, 0) + n
+        self.flush(now)
+
+    def total(self, name: str, key: str, now: float, window_s: float) -> int:
+        """The hub-wide count of ``(name, key)`` over the last ``window_s`` seconds."""
+        return self.totals(name, [key], now, window_s)[key[:KEY_MAX]]
+
+    def totals(self, name: str, keys: Iterable[str], now: float, window_s: float) -> dict[str, int]:
+        """``total`` for several keys of one name, in at most one read."""
+        self.flush(now)
+        first = window_start(now, window_s)
+        wanted = [k[:KEY_MAX] for k in keys]
+        stored: dict[str, int] = {}
+        missing: list[str] = []
+        with self._lock:
+            for key in wanted:
+                hit = self._cache.get((name, key, first))
+                if hit is not None and now - hit[0] < self._read_ttl:
+                    stored[key] = hit[1]
+                else:
+                    missing.append(key)
+        if missing:
+            read = self._read(name, missing, first)
+            with self._lock:
+                if len(self._cache) > MAX_PENDING:
+                    self._cache.clear()
+                for key in missing:
+                    stored[key] = read.get(key, 0)
+                    self._cache[(name, key, first)] = (now, stored[key])
+        with self._lock:  # what this process counted and has not written yet
+            for (n, key, second), count in self._pending.items():
+                if n == name and key in stored and second >= first:
+                    stored[key] += count
+        return stored
+
+    def flush(self, now: float, *, force: bool = False) -> None:
+        """Write the buffered increments (when due, or ``force``); a failure keeps them."""
+        with self._lock:
+            if not self._pending or (not force and now - self._flushed_at < self._flush_every):
+                return
+            pending, self._pending = self._pending, {}
+            self._flushed_at = now
+            prune = now - self._pruned_at >= 60
+            if prune:
+                self._pruned_at = now
+        try:
+            with self._sessions.begin() as session:
+                _upsert(session, pending)
+                if prune:
+                    horizon = bucket_of(now) - self._keep_s
+                    session.execute(delete(FlowCountRow).where(FlowCountRow.bucket < horizon))
+        except SQLAlchemyError as exc:
+            log.warning("flow counts not written (kept for the next flush): %s", exc)
+            with self._lock:
+                for cell, count in pending.items():
+                    if cell in self._pending or len(self._pending) < MAX_PENDING:
+                        self._pending[cell] = self._pending.get(cell, 0) + count
+
+    def _read(self, name: str, keys: list[str], first: int) -> dict[str, int]:
+        try:
+            with self._sessions.begin() as session:
+                rows = session.execute(
+                    select(FlowCountRow.key, func.sum(FlowCountRow.count))
+                    .where(FlowCountRow.name == name)
+                    .where(FlowCountRow.key.in_(keys))
+                    .where(FlowCountRow.bucket >= first)
+                    .group_by(FlowCountRow.key)
+                ).all()
+        except SQLAlchemyError as exc:
+            log.warning("flow counts not read (taken as zero): %s", exc)
+            return {}
+        return {key: int(total or 0) for key, total in rows}
+
+
+def _upsert(session: Session, pending: dict[_Bucket, int]) -> None:
+    """Add each cell's count to its row, creating it if needed (one statement per cell)."""
+    dialect = session.get_bind().dialect.name
+    insert_: Any = pg_insert if dialect == "postgresql" else sqlite_insert
+    table = FlowCountRow.__table__
+    for (name, key, second), count in sorted(pending.items()):  # one lock order everywhere
+        stmt = insert_(table).values(name=name, key=key, bucket=second, count=count)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=["name", "key", "bucket"],
+            set_={"count": table.c.count + stmt.excluded.count},
+        )
+        session.execute(stmt)

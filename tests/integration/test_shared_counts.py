@@ -1,0 +1,53 @@
+"""Hub-wide windows: what two processes' handles add is one count, on both stores."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import Engine, func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from reach.hub.shared_counts import SharedCounts, window_start
+from reach.hub.storage import session_factory
+from reach.hub.storage.models import FlowCountRow
+
+
+@pytest.fixture
+def sessions(engine: Engine) -> sessionmaker[Session]:
+    return session_factory(engine)
+
+
+def test_two_handles_share_one_window(sessions: sessionmaker[Session]) -> None:
+    a, b = SharedCounts(sessions, flush_every=0.0), SharedCounts(sessions, flush_every=0.0)
+    for i in range(5):
+        a.add("requests", "orders", 1000.0 + i)
+    for i in range(3):
+        b.add("requests", "orders", 1002.0 + i)
+    b.add("requests", "other", 1003.0)
+    assert a.total("requests", "orders", 1004.5, window_s=10) == 8
+    # a window of two seconds sees only buckets 1003 and 1004
+    assert b.total("requests", "orders", 1004.5, window_s=2) == 4
+    assert a.totals("requests", ["orders", "other", "none"], 1004.5, 10) == {
+        "orders": 8,
+        "other": 1,
+        "none": 0,
+    }
+
+
+def test_unflushed_increments_count_for_their_own_process(sessions: sessionmaker[Session]) -> None:
+    slow = SharedCounts(sessions, flush_every=3600.0, read_ttl=0.0)
+    slow.add("retries", "t", 10.0)  # the first add flushes (nothing flushed yet)
+    slow.add("retries", "t", 10.5)
+    slow.add("retries", "t", 11.0)
+    assert slow.total("retries", "t", 11.0, 10) == 3
+    other = SharedCounts(sessions, read_ttl=0.0)
+    assert other.total("retries", "t", 11.0, 10) == 1  # the rest is still in slow's buffer
+    slow.flush(11.0, force=True)
+    assert other.total("retries", "t", 11.0, 10) == 3
+    with sessions.begin() as s:
+        assert s.scalar(select(func.count()).select_from(FlowCountRow)) == 2  # 10 s and 11 s
+
+
+def test_window_start_covers_whole_seconds() -> None:
+    assert window_start(100.2, 10) == 91
+    assert window_start(100.0, 1) == 100
+    assert window_start(100.0, 0.5) == 100  # never less than the current second
