@@ -139,6 +139,7 @@ def submit(
         "max_retry": max_retry,
         "last_published_at": published_at,
         "caller": caller,
+        "priority": req.priority,
     }
     if approvals.required(decls, req.method, req.capability, approval):
         approvals.park(session, values, now, approval, capability=req.capability or req.method)
