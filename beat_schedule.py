@@ -53,4 +53,10 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
             "schedule": settings.approval.sweep_interval_s,
             "options": {"expires": settings.approval.sweep_interval_s},
         },
+        # callbacks due but not taken (a lost publish): re-published
+        "reach.callbacks-sweep": {
+            "task": "reach.callbacks_sweep",
+            "schedule": settings.callbacks.sweep_interval_s,
+            "options": {"expires": settings.callbacks.sweep_interval_s},
+        },
     }

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import report, scenarios
+from bench import flow, report, scenarios
 from bench.processes import REPO, Hub, flush_redis, spawn
 from bench.stats import Summary, Target, ratio
 
@@ -26,6 +26,7 @@ ALL = (
     "inflight2000",
     "fault",
     "tokens",
+    *flow.FLOW,  # retry_storm, loop, priority, backpressure: each on a hub of its own
 )
 
 
@@ -82,7 +83,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     log = _progress(t0)
     try:
-        if parts - {"tokens"}:  # the main table's hub (the tokens part starts hubs of its own)
+        if parts - {"tokens", *flow.FLOW}:  # the main hub (those parts start hubs of their own)
             bench = scenarios.Bench(hub, home, plan)
             try:
                 hub.start()
@@ -122,6 +123,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             finally:
                 bench.stop_agents()  # a failed run must not leave agent processes behind
                 hub.stop()
+        wanted = [n for n in flow.FLOW if n in parts]  # after the main hub stopped
+        if wanted:
+            result["flow"] = _flow(wanted, plan, home, concurrency, args.worker_pool, log)
         if "tokens" in parts:  # after the main hub stopped: the machine is its own
             result["tokens"] = _tokens(plan, home, concurrency, args.worker_pool, log)
     finally:
@@ -250,6 +254,39 @@ def _tokens(
     }
 
 
+def _flow(
+    names: list[str], plan: scenarios.Plan, home: Path, concurrency: int, pool: str, log: Any
+) -> dict[str, Any]:
+    """The flow-control scenarios, each on a fresh hub with its settings (``Plan.flow_env``);
+    the smoke run shares one hub with all their settings (``Plan.flow_shared_hub``): a
+    hub's start and stop cost more than a smoke-sized scenario."""
+    out: dict[str, Any] = {}
+
+    def one(name: str, bench: scenarios.Bench, env: dict[str, str]) -> None:
+        if name == "retry_storm":
+            row = flow.retry_storm(bench)
+        elif name == "loop":
+            row = flow.loop(bench)
+        elif name == "priority":
+            row = flow.priority(bench, concurrency)
+        else:
+            row = flow.backpressure(bench)
+        out[name] = {"hub_settings": env, **row}
+        log(name, out[name])
+
+    if plan.flow_shared_hub:
+        env = {k: v for name in names for k, v in plan.flow_env(name).items()}
+        with flow.fresh_bench(plan, home, "flow", env, concurrency, pool) as bench:
+            for name in names:
+                one(name, bench, env)
+        return out
+    for name in names:
+        env = plan.flow_env(name)
+        with flow.fresh_bench(plan, home, name, env, concurrency, pool) as bench:
+            one(name, bench, env)
+    return out
+
+
 def _ratios(result: dict[str, Any]) -> dict[str, Any]:
     hub = result["scenarios"].get("single_hop") or {}
     base = result.get("baselines") or {}
@@ -324,6 +361,69 @@ def targets(result: dict[str, Any]) -> list[Target]:
         )
         lost = sum(r["lost"] for runs in tokens["runs"].values() for r in runs)
         out.append(Target("tokens runs lost tasks", lost, 0))
+    return out + flow_targets(result.get("flow") or {})
+
+
+def flow_targets(f: dict[str, Any]) -> list[Target]:
+    """Issue 14's targets for the flow-control scenarios."""
+    nan = float("nan")
+
+    def num(value: Any) -> float:
+        return nan if value is None else float(value)
+
+    out = []
+    storm = f.get("retry_storm")
+    if storm:
+        out += [
+            Target(
+                "retry storm: failing agent's rate during the outage ÷ normal",
+                num(storm["outage_to_normal"]),
+                1.2,
+            ),
+            Target(
+                "retry storm: tasks dead-lettered because the breaker was open",
+                storm["dead_lettered_breaker"],
+                0,
+            ),
+            # fast answers: an accepted reach is answered within a breaker trial of the
+            # agent's recovery (never after a retry schedule or a timeout) ...
+            Target("retry storm: last answer after the agent recovered, s (≤ trial + 5)",
+                   storm["answered_after_recovery_s"], storm["trial_interval_s"] + 5),
+            Target("retry storm: accepted reaches that did not end", storm["not_ended"], 0),
+        ]  # fmt: skip
+        if storm["refusal_p99_ms"] is not None:  # ... and a refused one at once
+            out.append(
+                Target("retry storm: refusals (circuit open, backpressure) p99 ms",
+                       storm["refusal_p99_ms"], 1000)
+            )  # fmt: skip
+    lp = f.get("loop")
+    if lp:
+        out += [
+            Target("loop: tasks created by a two-agent loop", lp["tasks_created"], 3),
+            Target("loop: stopped at the first repeat (1 = yes)",
+                   int(lp["stopped_at_first_repeat"]), 1, False),
+            Target("loop: dependency-loop alert raised (1 = yes)", int(lp["alert_raised"]), 1,
+                   False),
+            Target("loop run lost tasks", lp["lost"], 0),
+        ]  # fmt: skip
+    pr = f.get("priority")
+    if pr:
+        out += [
+            Target("priority: online p99 under a background flood ÷ unloaded",
+                   num(pr["p99_ratio"]), 2),
+            Target("priority run lost tasks", pr["lost"], 0),
+        ]  # fmt: skip
+    bp = f.get("backpressure")
+    if bp:
+        out += [
+            Target("backpressure: accepted tasks not completed", bp["accepted_not_completed"], 0),
+            Target("backpressure: refusals without a usable Retry-After",
+                   bp["refusals_unusable"], 0),
+            Target("backpressure: refused with backpressure", bp["refused_backpressure"], 1,
+                   False),
+            Target("backpressure: hub RSS growth during the flood, MB", bp["rss_growth_mb"], 100),
+            Target("backpressure run lost tasks", bp["lost"], 0),
+        ]  # fmt: skip
     return out
 
 
@@ -333,7 +433,12 @@ def _progress(t0: float) -> Any:
             k: v
             for k, v in row.items()
             if k
-            in ("rate", "p50_ms", "p99_ms", "errors", "lost", "peak_rss_mb", "wall_s", "outcomes")
+            in (
+                *("rate", "p50_ms", "p99_ms", "errors", "lost", "peak_rss_mb", "wall_s"),
+                *("outcomes", "outage_to_normal", "dead_lettered_breaker", "send_outcomes"),
+                *("tasks_created", "alert_raised", "p99_ratio", "accepted"),
+                *("accepted_not_completed", "refused_backpressure", "rss_growth_mb"),
+            )
         }
         print(f"[{time.monotonic() - t0:6.1f}s] {name}: {keep}", file=sys.stderr, flush=True)
 

@@ -29,7 +29,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--port", type=int, required=True)
 parser.add_argument("--hub", required=True)
 parser.add_argument("--agent-id", required=True)
-parser.add_argument("--mode", choices=("sync", "accept", "forward"), default="sync")
+parser.add_argument("--mode", choices=("sync", "accept", "forward", "bounce"), default="sync")
 parser.add_argument("--latency", type=float, default=0.0)
 parser.add_argument("--forward-to", default="")
 parser.add_argument("--max-concurrency", type=int, default=256)
@@ -87,7 +87,7 @@ def main() -> None:
         addr=f"127.0.0.1:{args.port}",
         allow_loopback=True,
         tags=["bench"],
-        capabilities=[{"type": "bench.echo"}, {"type": "bench.stats"}],
+        capabilities=[{"type": "bench.echo"}, {"type": "bench.stats"}, {"type": "bench.fail"}],
         max_concurrency=args.max_concurrency,
         heartbeat_interval=2.0,
         hub=args.hub,
@@ -103,8 +103,22 @@ def main() -> None:
             local.session = requests.Session()
         return local.session  # type: ignore[no-any-return]
 
-    forwarding = args.mode == "forward"
+    forwarding = args.mode in ("forward", "bounce")
     forwarder = ThreadPoolExecutor(64, thread_name_prefix="fwd") if forwarding else None
+    failing_until = [0.0]  # monotonic; bench.fail moves it
+    loops: list[str] = []  # what the hub said when it refused a bounce as a loop
+    invoke = agent.invoke
+
+    def counted_invoke(method: str, body: Any) -> tuple[int, dict[str, Any]]:
+        """Every task request is counted, also those answered 503 while failing."""
+        if method == "bench.echo":
+            with lock:
+                received[int(time.time())] += 1
+            if time.monotonic() < failing_until[0]:
+                return 503, {"code": -1, "message": "down (bench.fail)"}
+        return invoke(method, body)
+
+    agent.invoke = counted_invoke  # type: ignore[method-assign]
 
     def claim(task_id: str) -> dict[str, Any]:
         """What a result report must name: the attempt delivered here, and this instance."""
@@ -134,10 +148,37 @@ def main() -> None:
         except Exception as exc:  # the hub's watchdog retries the first hop
             logging.warning("second hop of %s failed: %s", task_id, exc)
 
+    def bounce_wait(task_id: str, sub: str) -> None:
+        """The bounce's answer becomes this task's result (or its stated failure)."""
+        try:
+            got = reach.wait_for_result(sub, timeout=60, hub=args.hub)
+            agent.report_result(task_id, {"bounced": got.data})
+        except reach.ReachError as exc:
+            agent.report_result(task_id, code=2, message=f"{type(exc).__name__}: {exc}"[:500])
+
+    def bounce(task_id: str, payload: dict[str, Any]) -> Any:
+        left = int(payload.get("bounce") or 0)
+        if left <= 0:
+            return {"echo": payload}
+        try:  # inside the handler: the reach continues this task's trace
+            sub = reach.send(
+                agent_id=args.forward_to,
+                method="bench.echo",
+                payload={**payload, "bounce": left - 1},
+                hub=args.hub,
+            )
+        except reach.LoopDetected as exc:
+            with lock:
+                loops.append(str(exc)[:300])
+            raise reach.BusinessError(3, f"LoopDetected: {exc}"[:500]) from exc
+        assert forwarder is not None
+        forwarder.submit(bounce_wait, task_id, sub.task_id)
+        return reach.ACCEPTED
+
     @agent.route("bench.echo")
     def echo(task_id: str, payload: dict[str, Any]) -> Any:
-        with lock:
-            received[int(time.time())] += 1
+        if args.mode == "bounce":
+            return bounce(task_id, payload)
         if reporter is not None:
             reporter.later(
                 args.latency, task_id, {"code": 0, "data": {"echo": payload}, **claim(task_id)}
@@ -153,7 +194,12 @@ def main() -> None:
     @agent.route("bench.stats")
     def stats(task_id: str, payload: dict[str, Any]) -> Any:
         with lock:
-            return {"received": {str(k): v for k, v in received.items()}}
+            return {"received": {str(k): v for k, v in received.items()}, "loops": list(loops)}
+
+    @agent.route("bench.fail")
+    def fail(task_id: str, payload: dict[str, Any]) -> Any:
+        failing_until[0] = time.monotonic() + float(payload.get("seconds") or 0)
+        return {"failing_for_s": float(payload.get("seconds") or 0)}
 
     agent.serve()
 

@@ -155,9 +155,18 @@ class Hub:
         wait_ok(self.url + "/healthz", self.procs[0])
         return self
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 10) -> None:
+        """All told to stop at once, then waited for: a prefork worker takes seconds to
+        wind down, and API and beat need not wait for it in line."""
         for proc in self.procs:
-            proc.stop()
+            if proc.popen.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.popen.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for proc in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.popen.wait(max(0.1, deadline - time.monotonic()))
+            proc.stop(timeout=0.1)  # SIGKILL what is still there
 
     def pids(self) -> list[int]:
         return [p.popen.pid for p in self.procs if p.popen.poll() is None]

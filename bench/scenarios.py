@@ -24,6 +24,7 @@ from bench.processes import Hub, MockAgent, PeakRss, wait_routable
 from bench.stats import Sample, Summary, summarise, sustainable
 
 TERMINAL = ("success", "failed", "dead", "cancelled")
+WARM_UP = 10_000_000  # warm-up requests' sequence numbers start here (see Bench.measure)
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,89 @@ class Plan:
     def inflight_tasks(self) -> int:
         return {"smoke": 50, "quick": 300}.get(self.level, 2000)
 
+    # -- flow control (bench.flow), each scenario on a hub of its own ----------------------
+    storm_callers: int = 5
+    storm_rereach: int = 3  # a caller whose reach failed reaches again at once, this often
+    storm_rate: float = 10.0  # all callers together: 2 reaches a second each
+
+    @property
+    def storm_phases(self) -> tuple[float, float, float]:
+        """Seconds before, during and after the order agent's outage (the field's: 40 s)."""
+        return {"smoke": (2.5, 3.0, 2.0), "quick": (5.0, 12.0, 6.0)}.get(
+            self.level, (10.0, 40.0, 15.0)
+        )
+
+    @property
+    def storm_trial_interval(self) -> float:
+        """The breaker's trial interval: the default (30 s) in the full run; shorter runs
+        shorten it with the outage, or the breaker would outlast the whole run."""
+        return {"smoke": 1.0, "quick": 4.0}.get(self.level, 30.0)
+
+    @property
+    def storm_wait(self) -> float:
+        """How long a caller waits for an accepted reach: past the outage and two trials."""
+        return {"smoke": 15.0}.get(
+            self.level, self.storm_phases[1] + 2 * self.storm_trial_interval + 20
+        )
+
+    @property
+    def loop_alert_threshold(self) -> int:
+        return 3
+
+    @property
+    def loop_alert_roots(self) -> int:
+        """Separate roots each way (A -> B, B -> A): past the threshold on both."""
+        return self.loop_alert_threshold + 2
+
+    priority_rate: float = 20.0  # online single hops a second, unloaded and under the flood
+    bg_latency: float = 0.25  # the background agent's answer time (sync: holds a worker slot)
+    bg_drain: float = 90.0
+
+    @property
+    def priority_duration(self) -> float:
+        return {"smoke": 2.0, "quick": 8.0}.get(self.level, 30.0)
+
+    bp_max_queue: int = 100
+    bp_drain: float = 60.0
+
+    @property
+    def bp_rate(self) -> float:
+        """The fast caller's submits a second."""
+        return 150.0 if self.level == "smoke" else 100.0
+
+    @property
+    def bp_latency(self) -> float:
+        """The slow agent's answer time (sync: 20/s on 4 workers; the smoke's 40/s drains
+        its full queue in half the time)."""
+        return 0.1 if self.level == "smoke" else 0.2
+
+    @property
+    def bp_duration(self) -> float:
+        return {"smoke": 2.0, "quick": 5.0}.get(self.level, 30.0)
+
+    @property
+    def flow_shared_hub(self) -> bool:
+        """The smoke run puts its flow-control scenarios on one hub (their settings do not
+        collide at that size); quick and full give each a fresh hub."""
+        return self.level == "smoke"
+
+    def flow_env(self, name: str) -> dict[str, str]:
+        """The hub settings each flow-control scenario runs with (on top of hub_settings)."""
+        if name == "retry_storm":
+            env = {"REACH_ROUTER__BREAKER_TRIAL_INTERVAL": str(self.storm_trial_interval)}
+            if self.level == "smoke":  # 4 s of outage: open on less evidence
+                env["REACH_ROUTER__BREAKER_MIN_VOLUME"] = "10"
+            return env
+        if name == "loop":
+            return {"REACH_ROUTER__LOOP_ALERT_THRESHOLD": str(self.loop_alert_threshold)}
+        if name == "priority" and not self.flow_shared_hub:
+            # the flood must not meet the queue bound: that is not what is measured (the
+            # smoke's shared hub has backpressure's bound, above its smaller flood)
+            return {"REACH_ROUTER__MAX_QUEUE": "1000000"}
+        if name == "backpressure":
+            return {"REACH_ROUTER__MAX_QUEUE": str(self.bp_max_queue)}
+        return {}
+
 
 @dataclass
 class Bench:
@@ -146,8 +230,11 @@ class Bench:
     def measure(
         self, job: Job, rate: float, duration: float, *, max_threads: int = 256
     ) -> tuple[list[Sample], float, float]:
-        """Warm up briefly, then run the measured load; returns (samples, wall, peak MB)."""
-        run_open_loop(job, min(rate, 20.0), 1.0, max_threads=max_threads)
+        """Warm up briefly, then run the measured load; returns (samples, wall, peak MB).
+        The warm-up's sequence numbers are far from the run's: a job's task id is made from
+        its number, and a measured request that repeated a warm-up id would be answered
+        from the store (or the agent's dedup) without being delivered."""
+        run_open_loop(lambda i: job(WARM_UP + i), min(rate, 20.0), 1.0, max_threads=max_threads)
         with PeakRss(self.hub.pids()) as rss:
             samples, wall = run_open_loop(job, rate, duration, max_threads=max_threads)
         return samples, wall, rss.peak_mb

@@ -10,6 +10,7 @@ from reach.errors import (
     ApprovalRejected,
     Backpressure,
     BusinessError,
+    CallbackRefused,
     CircuitOpen,
     ConfigError,
     DagError,
@@ -46,6 +47,7 @@ from reach.errors import (
 )
 from reach.schemas import Capability
 from reach.sdk.agent import ACCEPTED, Agent
+from reach.sdk.callbacks import verify_callback
 from reach.sdk.caller import (
     BroadcastResult,
     Submission,
@@ -57,6 +59,8 @@ from reach.sdk.caller import (
     send,
     wait_for_result,
 )
+from reach.sdk.sessions import close_session, get_session, open_session, session_alive
+from reach.sdk.stream import StreamEvent, stream
 from reach.sdk.tls import TLSConfig
 from reach.sdk.webhooks import verify_webhook
 
@@ -72,6 +76,7 @@ __all__ = [
     "Backpressure",
     "BroadcastResult",
     "BusinessError",
+    "CallbackRefused",
     "Capability",
     "CircuitOpen",
     "ConfigError",
@@ -99,6 +104,7 @@ __all__ = [
     "SecurityError",
     "SessionClosed",
     "StaleReport",
+    "StreamEvent",
     "Submission",
     "TLSConfig",
     "TaskConflict",
@@ -111,10 +117,16 @@ __all__ = [
     "UnknownTask",
     "__version__",
     "broadcast",
+    "close_session",
+    "get_session",
     "get_task",
+    "open_session",
     "report_progress",
     "report_result",
     "send",
+    "session_alive",
+    "stream",
+    "verify_callback",
     "verify_webhook",
     "wait_for_result",
 ]

@@ -20,6 +20,8 @@
     │   ├── InvalidTaskRequest      a task, broadcast or report body is malformed
     │   ├── InvalidPayload          the payload fails the capability's params_schema
     │   ├── UnknownTask
+    │   ├── CallbackRefused         a callback URL that is invalid or private (the rule named)
+    │   ├── BadLastEventId          a stream resumed from an id it never sent
     │   ├── TaskConflict            a task_id reused for a different task
     │   │   └── IllegalTransition   the task's status does not allow this move
     │   ├── StaleReport             a report for an attempt or instance the task no longer waits on
@@ -206,10 +208,7 @@ class AgentTimeout(DeliveryError):
 
 
 class Backpressure(DeliveryError):
-    """The target is full; try again later (not a failure, never retried blindly).
-
-    ``.extra`` carries ``depth`` and ``limit`` (the agent's pending + in-flight tasks and
-    its bound) and ``retry_after_ms``, which the ``Retry-After`` header rounds up."""
+    """The target is full (extra: depth, limit, retry_after_ms); never a failure nor retried."""
 
     slug = "backpressure"
     status = 429
@@ -271,6 +270,22 @@ class UnknownTask(TaskError):
     slug = "unknown-task"
     status = 404
     title = "Unknown task"
+
+
+class CallbackRefused(TaskError):
+    """A ``callback_url`` the hub will not POST to (invalid, or private): ``rule`` says why."""
+
+    slug = "callback-refused"
+    status = 422
+    title = "Callback URL refused"
+
+
+class BadLastEventId(TaskError):
+    """A stream's ``Last-Event-ID`` is garbage, negative, or newer than anything it sent."""
+
+    slug = "bad-last-event-id"
+    status = 400
+    title = "Bad Last-Event-ID"
 
 
 class TaskConflict(TaskError):
@@ -461,8 +476,7 @@ class PayloadChanged(ApprovalError):
 
 
 class LoopDetected(ReachError):
-    """A reach would close a dependency loop between agents (A -> B -> A), or go deeper
-    than ``router.max_hops``; ``.extra["cycle"]`` names the agents in order."""
+    """A reach closes an agent cycle (A -> B -> A) or exceeds ``router.max_hops``: ``cycle``."""
 
     slug = "loop-detected"
     status = 508
@@ -470,8 +484,7 @@ class LoopDetected(ReachError):
 
 
 class SessionClosed(ReachError):
-    """The user session behind this reach is closed (or its TTL ran out): the reach is
-    refused, or was cancelled; ``.extra["session_id"]`` names it."""
+    """The reach's session is closed or expired: refused or cancelled (extra: session_id)."""
 
     slug = "session-closed"
     status = 410

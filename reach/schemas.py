@@ -6,6 +6,7 @@ sees at once, not a silently ignored setting.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from jsonschema import Draft202012Validator, SchemaError
@@ -66,6 +67,9 @@ class RegisterRequest(WireModel):
         default_factory=dict, max_length=64
     )
     max_concurrency: int = Field(8, ge=1, le=100_000)
+    # the agent's bound on pending + in-flight tasks (429 past it); None: router.max_queue.
+    # An admin's override wins (PUT /api/v1/agents/{id}/max-queue).
+    max_queue: int | None = Field(None, ge=1, le=10_000_000, strict=True)
     heartbeat_interval: float = Field(10.0, ge=0.05, le=3600)
     allow_loopback: bool = False
     version: str = Field("", max_length=64)
@@ -164,6 +168,20 @@ class SubmitRequest(WireModel):
     session_id: Annotated[str, Field(max_length=128)] | None = None
     trace: TraceContext | None = None
     priority: Priority = "online"
+    callback_url: Annotated[str, Field(min_length=1, max_length=512)] | None = Field(
+        None, description="the hub POSTs the result here, signed (reach.verify_callback)"
+    )
+    callback_context: Any = Field(None, description="echoed back in the callback's body")
+    callback_progress: bool = Field(False, description="also POST each progress report")
+
+    @model_validator(mode="after")
+    def _callback_fields(self) -> SubmitRequest:
+        asked = self.callback_context is not None or self.callback_progress
+        if self.callback_url is None and asked:
+            raise ValueError("callback_context and callback_progress need a callback_url")
+        if self.callback_context is not None and len(json.dumps(self.callback_context)) > 16_384:
+            raise ValueError("callback_context is larger than 16 KiB of JSON")
+        return self
 
     @model_validator(mode="after")
     def _has_target(self) -> SubmitRequest:

@@ -21,6 +21,7 @@ from celery import shared_task
 from reach.core.dags import NodeResult
 from reach.errors import HubUnavailable
 from reach.hub import dagruns
+from reach.hub.admission import Limits
 from reach.hub.dagruns import canvas_step
 from reach.hub.delivery import Publish
 from reach.worker.canvas import canvas
@@ -51,7 +52,9 @@ def dag_node(self: Any, run_id: str, node_id: str, unavailable: int = 0) -> dict
         ctx,
         unavailable,
         lambda: ctx.write(
-            lambda s: dagruns.advance_node(s, run_id, node_id, ctx.clock.now(), ctx.approval_policy)
+            lambda s: dagruns.advance_node(
+                s, run_id, node_id, ctx.clock.now(), ctx.approval_policy, Limits.of(ctx.settings)
+            )
         ),
         stated,
         what=f"node {node_id} of {run_id}",
@@ -135,6 +138,7 @@ def reach_task(
                 timeout_ms,
                 ctx.clock.now(),
                 ctx.approval_policy,
+                Limits.of(ctx.settings),
             )
         ),
         lambda exc: dagruns.failure_of(exc, f"step failed: {exc}"),

@@ -39,7 +39,7 @@ def transport() -> AgentTransport:
 
 
 _rng = process_random()  # reseeded in each prefork child
-_breakers = Breakers()  # this worker process's failure windows (each prefork child its own)
+_breakers = Breakers()  # counts hub-wide through ``shared`` (runtime().shared_counts)
 
 
 @lru_cache(maxsize=1)
@@ -103,6 +103,7 @@ def _deliver(task_id: str, attempt_seq: int) -> None:
         breakers=_breakers,
         candidates=candidates(),
         signer=signer() if ctx.delivery_policy.sign_deliveries else None,
+        shared=ctx.shared_counts,  # hub-wide breaker windows and retry budgets
     )
     if retry is not None:
         ctx.publish_attempts([retry])

@@ -30,6 +30,8 @@ from reach.cli.rendering import (
     events_table,
     task_lines,
 )
+from reach.cli.sessions import sessions_app
+from reach.core.priority import WORKER_QUEUES
 from reach.core.trust import TrustLevel
 from reach.errors import ConfigError, ReachError
 from reach.hub.settings import Settings, load_settings
@@ -40,6 +42,7 @@ app.add_typer(db_app, name="db")
 app.add_typer(keys_app, name="keys")
 app.add_typer(certs_app, name="certs")
 app.add_typer(approvals_app, name="approvals")
+app.add_typer(sessions_app, name="sessions")
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
 
@@ -145,7 +148,9 @@ class WorkerPool(StrEnum):
 @app.command()
 def worker(
     concurrency: Annotated[int, typer.Option(help="Worker processes (or threads)")] = 2,
-    queues: Annotated[str, typer.Option(help="Queues to consume")] = "reach,reach.probe",
+    queues: Annotated[
+        str, typer.Option(help="Queues to consume, preferred in this order (online first)")
+    ] = ",".join(WORKER_QUEUES),
     loglevel: Annotated[str, typer.Option(help="Log level")] = "INFO",
     pool: Annotated[
         WorkerPool,
@@ -225,7 +230,8 @@ def flower(port: Annotated[int, typer.Option(help="Flower port")] = 5555) -> Non
 
 
 agents_app = typer.Typer(
-    help="The fleet: list agents (bare `reach agents`), set trust levels and allow-lists.",
+    help="The fleet: list agents (bare `reach agents`), set trust levels, allow-lists, "
+    "queue bounds.",
     invoke_without_command=True,
 )
 app.add_typer(agents_app, name="agents")
@@ -280,6 +286,45 @@ def agents_trust(
         print(json.dumps(body, indent=2))
         return
     console.print(f"agent {body['agent_id']}: trust {body['previous']} -> {body['trust_level']}")
+
+
+@agents_app.command("queue")
+def agents_queue(
+    agent_id: Annotated[str, typer.Argument(help="Agent ID")],
+    max_queue: Annotated[
+        int | None,
+        typer.Option("--max", min=1, help="Pending + in-flight tasks it may hold (429 past it)"),
+    ] = None,
+    clear: Annotated[
+        bool, typer.Option("--clear", help="Drop the override: its declaration or the router's")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
+    hub: HubOption = None,
+    api_key: ApiKeyOption = None,
+) -> None:
+    """Override an agent's queue bound (admin key; audited); with neither option, show it."""
+    from reach.sdk.hub_client import HubClient
+
+    if max_queue is not None and clear:
+        err_console.print("[red]give one of --max or --clear, not both[/red]")
+        raise typer.Exit(2)
+    client = HubClient(hub, api_key=api_key)
+    try:
+        if max_queue is None and not clear:
+            body = client.get(f"/api/v1/agents/{agent_id}")["queue"]
+            body = {"agent_id": agent_id, **body}
+        else:
+            body = client.put(f"/api/v1/agents/{agent_id}/max-queue", {"max_queue": max_queue})
+    except ReachError as exc:
+        _fail(exc)
+    finally:
+        client.close()
+    if as_json:
+        print(json.dumps(body, indent=2))
+        return
+    console.print(
+        f"agent {body['agent_id']}: queue {body['depth']}/{body['limit']} ({body['source']})"
+    )
 
 
 @agents_app.command("allow")
@@ -432,6 +477,52 @@ def tasks_audit(
         return
     for table in audit_tables(trail):
         console.print(table)
+
+
+@tasks_app.command("watch")
+def tasks_watch(
+    task_id: str,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per event")] = False,
+    timeout: Annotated[
+        float | None, typer.Option(help="Give up after this many seconds", min=0.1)
+    ] = None,
+    hub: HubOption = None,
+    api_key: ApiKeyOption = None,
+) -> None:
+    """Follow a task as it runs: its state, status changes, progress and result (a
+    dropped connection resumes where it stopped). Exits 0 on success, 1 otherwise."""
+    from reach.sdk.stream import stream
+
+    status = None
+    try:
+        for event in stream(task_id, hub=hub, api_key=api_key, timeout=timeout):
+            if as_json:
+                print(json.dumps({"id": event.id, "kind": event.kind, "data": event.data}))
+            else:
+                console.print(watch_line(event.id, event.kind, event.data), highlight=False)
+            if event.final and isinstance(event.data, dict):
+                status = event.data.get("status")
+    except ReachError as exc:
+        _fail(exc)
+    raise typer.Exit(0 if status == "success" else 1)
+
+
+def watch_line(event_id: int | None, kind: str, data: Any) -> str:
+    """One event of ``reach tasks watch`` as a line of text."""
+    data = data if isinstance(data, dict) else {"data": data}
+    if kind == "progress":
+        share = data.get("progress")
+        shown = f"{share:.0%} " if isinstance(share, int | float) else ""
+        text = f"{shown}{data.get('message') or ''}".strip() or json.dumps(data.get("data"))
+    elif kind == "status":
+        text = f"{data.get('status')} ({data.get('event')}, attempt {data.get('attempt_seq')})"
+    else:  # state, result
+        text = str(data.get("status"))
+        if data.get("status") == "success" and kind == "result":
+            text += f" {json.dumps(data.get('result'), default=str)[:200]}"
+        elif data.get("error"):
+            text += f" {json.dumps(data.get('error'), default=str)[:200]}"
+    return f"[{event_id if event_id is not None else '-'}] {kind:<8} {text}"
 
 
 @dlq_app.command("list")

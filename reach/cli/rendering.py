@@ -103,6 +103,7 @@ def task_lines(task: dict[str, Any]) -> list[str]:
         f"[bold]{task['task_id']}[/bold]  {task['status']}  method={task['method']}  "
         f"agent={task['agent_id']}  attempt={task['attempt_seq']}  "
         f"retries={task['retries']}"
+        + (f"  priority={task['priority']}" if task.get("priority") else "")
     ]
     if task.get("result") is not None:
         lines.append(f"result: {json.dumps(task['result'])}")

@@ -21,10 +21,20 @@ What an agent answer means for the breaker (`counts_as_success`): no answer, a t
 answered, whatever it said); 429 is neither (a full queue is flow control, not a fault).
 
 `FailureWindow` counts outcomes in 1-second buckets over the last ``window_s`` seconds and
-says when to open. It never opens below ``min_volume`` outcomes in the window (Hystrix's
-"request volume threshold"): a handful of failing tasks -- a test, one caller's retries,
-the first request after a deploy -- is not evidence that an instance is broken, and at
-low volume a ratio swings from 0 % to 100 % on one answer.
+says when to open; `trips` is the same rule over counts summed elsewhere (the hub counts
+outcomes hub-wide, ``reach.hub.breakers``). It never opens below ``min_volume`` outcomes in
+the window (Hystrix's "request volume threshold"): a handful of failing tasks -- a test,
+one caller's retries, the first request after a deploy -- is not evidence that an instance
+is broken, and at low volume a ratio swings from 0 % to 100 % on one answer.
+
+Two rules serve the tasks that meet a broken instance (issue 14):
+
+* `routable`: a due trial overrides the agent's own "failing" report (reachability rule
+  5, ``consecutive_failure_count >= failure_threshold``). The agent only resets that count
+  when a task succeeds, so without a delivery it would stay out of the pool forever; the
+  trial is that delivery.
+* `retry_at`: when delivery finds no instance to route to only because breakers hold them
+  out, the task waits for the next trial instead of spending a retry.
 """
 
 from __future__ import annotations
@@ -43,7 +53,10 @@ __all__ = [
     "FailureWindow",
     "Transition",
     "counts_as_success",
+    "retry_at",
+    "routable",
     "state",
+    "trips",
 ]
 
 
@@ -121,6 +134,48 @@ class Transition:
     total: int
 
 
+def trips(failures: int, total: int, policy: BreakerPolicy) -> Transition | None:
+    """The window's rule over (failures, total) within it: a Transition to OPEN, or None.
+
+    Opens only with at least ``min_volume`` outcomes and strictly more than
+    ``failure_ratio`` of them failures."""
+    for name, value in (("failures", failures), ("total", total)):
+        if not _is_int(value) or value < 0:
+            raise ValueError(f"{name}: must be an int >= 0, got {value!r}")
+    if failures > total:
+        raise ValueError(f"failures ({failures}) exceed total ({total})")
+    if not policy.enabled or total < policy.min_volume or total == 0:
+        return None
+    if failures / total <= policy.failure_ratio:
+        return None
+    return Transition(BreakerState.OPEN, failures, total)
+
+
+def routable(verdict_routable: bool, failing_only: bool, breaker: BreakerState) -> bool:
+    """Whether routing may pick the instance, breaker included.
+
+    ``failing_only``: the verdict held it out for its consecutive task failures alone; a
+    due trial overrides that (the trial is how such an instance can come back)."""
+    if breaker is BreakerState.OPEN:
+        return False
+    if breaker is BreakerState.TRIAL_DUE:
+        return verdict_routable or failing_only
+    return verdict_routable
+
+
+def retry_at(open_until: list[float | None], now: float, recheck_s: float) -> float | None:
+    """When a task that found no route should try again, if only breakers held it back.
+
+    ``open_until``: the breaker_open_until of every live instance that could take the task
+    (status online or degraded), as routing saw them. None (no waiting) when there is none,
+    or one of them has a closed breaker (something else holds it out). Else the earliest
+    next trial; a trial already due (another delivery claimed it) is looked at again after
+    ``recheck_s``."""
+    if not open_until or any(u is None for u in open_until):
+        return None
+    return min(u if u is not None and u > now else now + recheck_s for u in open_until)
+
+
 class FailureWindow:
     """One instance's recent outcomes, in 1-second buckets over ``policy.window_s``.
 
@@ -147,13 +202,10 @@ class FailureWindow:
             self._buckets.append(bucket)
         bucket[1] += 0 if success else 1
         bucket[2] += 1
-        failures, total = self._sums()
-        if not self.policy.enabled or total < self.policy.min_volume:
-            return None
-        if failures / total <= self.policy.failure_ratio:
-            return None
-        self._buckets.clear()
-        return Transition(BreakerState.OPEN, failures, total)
+        transition = trips(*self._sums(), self.policy)
+        if transition is not None:
+            self._buckets.clear()
+        return transition
 
     def counts(self, now: float) -> tuple[int, int]:
         """(failures, total) within the window as of ``now``."""

@@ -29,6 +29,7 @@ from reach.core import approvals as rules
 from reach.core import lifecycle
 from reach.core.auth import HUB, Principal
 from reach.core.lifecycle import TaskEvent
+from reach.core.priority import queue_for
 from reach.core.statuses import ApprovalStatus, TaskStatus
 from reach.errors import (
     ApprovalDecided,
@@ -40,7 +41,13 @@ from reach.errors import (
     UnknownApproval,
 )
 from reach.hub import approval_webhook, metrics
-from reach.hub.delivery import Publish, load_for_update, record_event, task_view
+from reach.hub.delivery import (
+    Publish,
+    attempt_message,
+    load_for_update,
+    record_event,
+    task_view,
+)
 from reach.hub.storage.models import ApprovalRow, OutboxRow, TaskEventRow, TaskRow
 from reach.hub.wakeups import mark_finished
 
@@ -236,14 +243,14 @@ def approve(
             task_id=task.task_id,
             agent_id=_outbox_agent(task),
             attempt_seq=task.attempt_seq,
-            message={"task_id": task.task_id, "attempt_seq": task.attempt_seq},
+            message=attempt_message(task.task_id, task.attempt_seq, task.priority),
             created_at=now,
             available_at=now,
         )
     )
     record_event(session, task, "approval_granted", now, _decision(row), actor=decider.identity)
     metrics.APPROVALS_TOTAL.labels("approved").inc()
-    return Publish(task.task_id, task.attempt_seq, 0.0)
+    return Publish(task.task_id, task.attempt_seq, 0.0, queue_for(task.priority))
 
 
 def reject(

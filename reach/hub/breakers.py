@@ -1,9 +1,13 @@
-"""The circuit breaker's edge: per-process windows in, transitions out to the store.
+"""The circuit breaker's edge: hub-wide windows in, transitions out to the store.
 
-The decisions are pure (``reach.core.breaker``). Outcomes are counted in memory, per worker
-process and per instance (`Breakers`): a delivery costs no extra write. Only transitions
-reach the database, in short transactions of their own, each leaving an
-``instance_events`` row:
+The decisions are pure (``reach.core.breaker``). Outcomes are counted per instance in the
+hub-wide windows of ``reach.hub.shared_counts`` (`Breakers` given a `SharedCounts`): every
+worker process -- each prefork child is one -- adds to the same window, so a breaker opens
+after about ``min_volume`` answers hub-wide, not that many per process. The counts are
+buffered per process (a lag of about a second) and the window is judged on failures only,
+so a successful delivery costs no read. Without a `SharedCounts` the windows are this
+process's own, in memory. Only transitions reach the database, in short transactions of
+their own, each leaving an ``instance_events`` row:
 
 * **open** (``breaker_open``): a window tripped. ``breaker_open_until`` becomes
   ``now + trial_interval``; routing leaves the instance out until then, and a submit whose
@@ -11,23 +15,29 @@ reach the database, in short transactions of their own, each leaving an
 * **trial**: once ``breaker_open_until`` has passed, the delivery that picks the instance
   claims the trial with a conditional UPDATE that also pushes ``breaker_open_until`` one
   trial interval on -- one process wins, the rest route elsewhere. A failed trial leaves
-  it at that (still open); a successful one closes the breaker (``breaker_closed``).
+  it at that (still open); a successful one closes the breaker (``breaker_closed``) and
+  clears the instance's consecutive-failure count (the trial was the success that resets
+  it; the agent's next heartbeat says so too).
 
 Each window is keyed by the instance's last opening (``breaker_opened_at``): outcomes
-counted before the breaker last opened -- by any process -- are forgotten, so a process
-that saw failures before an opening cannot trip the breaker again on that old evidence
-once it has closed.
+counted before the breaker last opened -- by any process -- are forgotten, and opening
+is conditional on no opening since the evidence's, so failures seen before an opening
+cannot trip the breaker again once it has closed.
+
+Tasks meet an open breaker in two places (issue 14): a transient failure that finds it
+open (`open_until`) and routing that finds nothing but instances held out by breakers
+(`held_back_until`). Delivery then defers the attempt without spending a retry.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from cachetools import LRUCache
-from sqlalchemy import CursorResult, update
+from sqlalchemy import CursorResult, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from reach.core.breaker import (
@@ -36,11 +46,15 @@ from reach.core.breaker import (
     FailureWindow,
     Transition,
     counts_as_success,
+    retry_at,
     state,
+    trips,
 )
+from reach.core.health import InstanceStatus
 from reach.core.retry import Outcome
 from reach.core.routing import Candidate
 from reach.hub import metrics
+from reach.hub.shared_counts import SharedCounts
 from reach.hub.storage.models import InstanceEventRow, InstanceRow
 from reach.hub.storage.outage import database_outage
 
@@ -57,8 +71,11 @@ class Ticket:
     trial: bool  # this attempt is the breaker's trial
 
 
+WINDOW = "breaker"  # SharedCounts name; keys "<instance>@<opened_at>:all" and ":fail"
+
+
 class Breakers:
-    """This process's failure windows, one per instance (memory only, never written).
+    """The failure windows, one per instance: hub-wide with ``shared``, else this process's.
 
     At most ``maxsize`` instances are tracked, least recently answered dropped first:
     instance ids are fresh UUIDs on every agent restart, so a long-lived worker would
@@ -66,14 +83,26 @@ class Breakers:
     only forgets outcomes; the breaker's state itself lives in the store.
     """
 
-    def __init__(self, maxsize: int = 4096) -> None:
+    def __init__(self, maxsize: int = 4096, shared: SharedCounts | None = None) -> None:
         self._windows: LRUCache[str, tuple[float, FailureWindow]] = LRUCache(maxsize=maxsize)
+        self._tripped: LRUCache[str, bool] = LRUCache(maxsize=maxsize)
         self._lock = threading.Lock()
+        self.shared = shared
 
     def record(
-        self, ticket: Ticket, success: bool, now: float, policy: BreakerPolicy
+        self,
+        ticket: Ticket,
+        success: bool,
+        now: float,
+        policy: BreakerPolicy,
+        shared: SharedCounts | None = None,
     ) -> Transition | None:
-        """Count one outcome; a Transition when the instance's window trips."""
+        """Count one outcome; a Transition when the instance's window trips.
+
+        ``shared`` (or the one given at construction) makes the window hub-wide."""
+        shared = shared or self.shared
+        if shared is not None:
+            return self._record_shared(shared, ticket, success, now, policy)
         with self._lock:
             epoch, window = self._windows.get(ticket.instance_id, (0.0, None))
             if ticket.opened_at < epoch:
@@ -82,6 +111,30 @@ class Breakers:
                 window = FailureWindow(policy)
                 self._windows[ticket.instance_id] = (ticket.opened_at, window)
             return window.record(success, now)
+
+    def _record_shared(
+        self,
+        shared: SharedCounts,
+        ticket: Ticket,
+        success: bool,
+        now: float,
+        policy: BreakerPolicy,
+    ) -> Transition | None:
+        key = f"{ticket.instance_id}@{ticket.opened_at!r}"
+        shared.add(WINDOW, key + ":all", now)
+        if success or not policy.enabled:
+            return None  # a success never trips it: judged on failures, which read
+        shared.add(WINDOW, key + ":fail", now)
+        with self._lock:
+            if key in self._tripped:
+                return None  # this evidence opened it already: one transition per run
+        sums = shared.totals(WINDOW, [key + ":all", key + ":fail"], now, policy.window_s)
+        total = sums[key + ":all"]
+        transition = trips(min(sums[key + ":fail"], total), total, policy)
+        if transition is not None:
+            with self._lock:
+                self._tripped[key] = True
+        return transition
 
     def forget(self, instance_id: str) -> None:
         with self._lock:
@@ -140,10 +193,12 @@ def observe(
     outcome: Outcome,
     now: float,
     policy: BreakerPolicy,
+    shared: SharedCounts | None = None,
 ) -> None:
     """Feed one agent answer to the instance's breaker; store a transition if there is one.
 
-    A database failure while storing it is `HubUnavailable`, never SQLAlchemy's own."""
+    ``shared``: count it in the hub-wide window (`Breakers.record`). A database failure
+    while storing it is `HubUnavailable`, never SQLAlchemy's own."""
     success = counts_as_success(outcome)
     if success is None:
         return
@@ -160,7 +215,7 @@ def observe(
                 policy.trial_interval_s,
             )
         return
-    transition = breakers.record(ticket, success, now, policy)
+    transition = breakers.record(ticket, success, now, policy, shared)
     if transition is not None and transition.to is BreakerState.OPEN:
         open_breaker(sessions, ticket, transition, now, policy)
 
@@ -180,6 +235,8 @@ def open_breaker(
                 update(InstanceRow)
                 .where(InstanceRow.instance_id == ticket.instance_id)
                 .where(InstanceRow.breaker_open_until.is_(None))
+                # evidence from before the last opening opens nothing
+                .where(func.coalesce(InstanceRow.breaker_opened_at, 0.0) <= ticket.opened_at)
                 .values(breaker_open_until=until, breaker_opened_at=now)
             )
         )
@@ -213,7 +270,7 @@ def close(sessions: sessionmaker[Session], ticket: Ticket, now: float) -> bool:
                 update(InstanceRow)
                 .where(InstanceRow.instance_id == ticket.instance_id)
                 .where(InstanceRow.breaker_open_until.is_not(None))
-                .values(breaker_open_until=None)
+                .values(breaker_open_until=None, consecutive_failure_count=0)
             )
         )
         if not closed:
@@ -221,6 +278,65 @@ def close(sessions: sessionmaker[Session], ticket: Ticket, now: float) -> bool:
         _event(session, ticket, "breaker_closed", now, {"opened_at": ticket.opened_at})
     log.info("breaker closed for %s/%s: the trial succeeded", ticket.agent_id, ticket.instance_id)
     return True
+
+
+LIVE = frozenset({InstanceStatus.ONLINE, InstanceStatus.DEGRADED})
+
+
+def held_back_until(candidates: list[Candidate], now: float, recheck_s: float) -> float | None:
+    """When routing found no instance: the time to look again if only breakers held the
+    live candidates out (``reach.core.breaker.retry_at``); None if something else did."""
+    live = [c.breaker_open_until for c in candidates if c.status in LIVE]
+    return retry_at(live, now, recheck_s)
+
+
+def open_failing(
+    session: Session, candidates: list[Candidate], now: float, policy: BreakerPolicy
+) -> list[Candidate]:
+    """Open the breaker of each live instance held out only by its own failure reports.
+
+    An agent that reports ``failure_threshold`` consecutive task failures leaves routing
+    (reachability rule 5) and, with no delivery to succeed, would never come back; its
+    breaker gives it the way back: trials (`routable` lets a due trial through). Written in
+    the caller's transaction; the candidates come back with the breakers as now stored."""
+    out = []
+    for c in candidates:
+        if c.status in LIVE and not c.routable and c.breaker_open_until is None:
+            until = now + policy.trial_interval_s
+            opened = _rowcount(
+                session.execute(
+                    update(InstanceRow)
+                    .where(InstanceRow.instance_id == c.instance_id)
+                    .where(InstanceRow.breaker_open_until.is_(None))
+                    .values(breaker_open_until=until, breaker_opened_at=now)
+                )
+            )
+            if opened:
+                detail = {"reason": "consecutive task failures", "open_until": until}
+                ticket = Ticket(c.instance_id, c.agent_id, 0.0, False)
+                _event(session, ticket, "breaker_open", now, detail)
+                metrics.BREAKER_OPEN_TOTAL.labels(c.agent_id).inc()
+                log.warning(
+                    "breaker OPEN for %s/%s: it reports consecutive task failures; "
+                    "next trial in %gs", c.agent_id, c.instance_id, policy.trial_interval_s,
+                )  # fmt: skip
+            else:  # opened meanwhile (the candidates are a moment old): as stored
+                until = session.scalar(
+                    select(InstanceRow.breaker_open_until).where(
+                        InstanceRow.instance_id == c.instance_id
+                    )
+                )
+            c = replace(c, breaker_open_until=until)
+        out.append(c)
+    return out
+
+
+def open_until(session: Session, instance_id: str, now: float) -> float | None:
+    """The instance's ``breaker_open_until`` if its breaker is OPEN now (a fresh read)."""
+    until = session.scalar(
+        select(InstanceRow.breaker_open_until).where(InstanceRow.instance_id == instance_id)
+    )
+    return until if state(until, now) is BreakerState.OPEN else None
 
 
 def _event(session: Session, ticket: Ticket, kind: str, now: float, detail: dict[str, Any]) -> None:

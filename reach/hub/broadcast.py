@@ -19,7 +19,7 @@ from reach.core.routing import RouteFilter, matches
 from reach.core.statuses import TERMINAL, InstanceStatus, TaskStatus
 from reach.core.trust import is_l3
 from reach.errors import NoSuitableAgent, UnknownTask
-from reach.hub import approvals, registry, trust
+from reach.hub import admission, approvals, registry, trust
 from reach.hub.monitoring import Policy
 from reach.hub.storage.models import BroadcastRow, TaskRow
 from reach.hub.submission import submit
@@ -38,6 +38,7 @@ def start(
     caller: str | None = None,
     l3_cap: int = trust.DEFAULT_L3_CAP,
     approval: approvals.ApprovalPolicy = approvals.DEFAULT_POLICY,
+    limits: admission.Limits = admission.DEFAULT_LIMITS,
 ) -> BroadcastRow:
     """One pinned task per routable matching instance, all in this transaction.
 
@@ -46,7 +47,11 @@ def start(
     the first refusal is raised.
 
     ``published_at`` marks the targets' first attempts published at commit (the caller
-    publishes right after and un-marks them if the broker refuses)."""
+    publishes right after and un-marks them if the broker refuses).
+
+    Admission as for one task (``limits``): an oversize payload or a target agent whose
+    queue is full refuses the whole broadcast (`RequestTooLarge`, `Backpressure`) and
+    nothing of it is written -- a fan-out with silent holes would read as fewer matches."""
     flt = RouteFilter(
         tags=tuple(sorted(req.tags)),
         capability=req.capability,
@@ -88,6 +93,7 @@ def start(
             caller=caller,
             l3_cap=l3_cap,
             approval=approval,
+            limits=limits,
         )
         rows.append(
             {"instance_id": c.instance_id, "agent_id": c.agent_id, "task_id": task["task_id"]}

@@ -16,7 +16,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from reach.errors import HubUnavailable, ReachError, RegistrationConflict
-from reach.hub import approval_webhook
+from reach.hub import approval_webhook, callbacks
 from reach.hub.approvals import ApprovalPolicy
 from reach.hub.clock import Clock, SystemClock
 from reach.hub.delivery import DeliveryPolicy, Publish, mark_published, unmark_published
@@ -53,6 +53,7 @@ class HubContext:
         self.completions.attach(self.sessions)
         if self.settings.approval.webhook_url:
             approval_webhook.attach(self.sessions, lambda a: self.publisher.publish_webhook(a))
+        callbacks.attach(self.sessions, lambda c: callbacks.publish(self.publisher.app, c))
 
     @classmethod
     def from_settings(cls, settings: Settings, clock: Clock | None = None) -> HubContext:
@@ -75,7 +76,7 @@ class HubContext:
     def shared_counts(self) -> SharedCounts:
         """This process's handle on the hub-wide flow windows (retry budgets, breakers,
         agent pairs): built after fork, like the engine."""
-        return SharedCounts(self.sessions)
+        return SharedCounts(self.sessions, read_sessions=self.read_sessions)
 
     @cached_property
     def publisher(self) -> Publisher:

@@ -29,7 +29,7 @@ from reach.core.dags import DagSpec, NodeResult, NodeStatus
 from reach.core.dags.sweep import RunClock, SweepAction, sweep_action
 from reach.core.statuses import TERMINAL, ApprovalStatus, DagRunStatus, TaskStatus
 from reach.errors import DagError, ReachError, UnknownTask
-from reach.hub import approvals
+from reach.hub import admission, approvals
 from reach.hub.storage.models import ApprovalRow, DagNodeRunRow, DagRunRow, TaskRow
 from reach.hub.submission import submit
 from reach.schemas import SubmitRequest
@@ -104,6 +104,7 @@ def advance_node(
     node_id: str,
     now: float,
     approval: approvals.ApprovalPolicy = approvals.DEFAULT_POLICY,
+    limits: admission.Limits = admission.DEFAULT_LIMITS,
 ) -> Step:
     """Decide, submit, or collect one node; idempotent (a duplicate task finds it done).
 
@@ -139,6 +140,7 @@ def advance_node(
                 now,
                 caller=run.caller,
                 approval=approval,
+                limits=limits,
             )
         except (DagError, ReachError) as exc:
             error = {"kind": type(exc).__name__, "message": exc.detail}
@@ -180,6 +182,7 @@ def advance_node(
                 now,
                 caller=run.caller,
                 approval=approval,
+                limits=limits,
             )
         except ReachError as exc:  # e.g. the agent left since the first attempt
             return Step(_finish(row, failure_of(exc, f"not re-submitted: {exc.detail}"), now))
@@ -367,6 +370,7 @@ def canvas_step(
     timeout_ms: int,
     now: float,
     approval: approvals.ApprovalPolicy = approvals.DEFAULT_POLICY,
+    limits: admission.Limits = admission.DEFAULT_LIMITS,
 ) -> Step:
     """A hand-composed canvas step: submit once, then report the task's outcome."""
     existing = session.scalar(select(TaskRow).where(TaskRow.task_id == task_id))
@@ -385,6 +389,7 @@ def canvas_step(
                 ),
                 now,
                 approval=approval,
+                limits=limits,
             )
         except ReachError as exc:
             return Step(

@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session
 
 from reach.core import lifecycle
 from reach.core.lifecycle import TaskEvent
+from reach.core.priority import queue_for
 from reach.core.statuses import TaskStatus
 from reach.errors import IllegalTransition, TaskConflict, UnknownTask
 from reach.hub.delivery import Publish, add_attempt, load_for_update, record_event
@@ -76,4 +77,4 @@ def replay(session: Session, dead_id: int, now: float, actor: str | None = None)
     task.updated_at = now
     add_attempt(session, task, now, available_at=now)
     record_event(session, task, "replayed", now, {"dead_letter_id": dead_id}, actor=actor)
-    return Publish(task.task_id, task.attempt_seq, 0.0)
+    return Publish(task.task_id, task.attempt_seq, 0.0, queue_for(task.priority))

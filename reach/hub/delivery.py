@@ -33,6 +33,7 @@ from reach.core import lifecycle
 from reach.core.auth import ANONYMOUS
 from reach.core.breaker import BreakerPolicy
 from reach.core.lifecycle import TaskEvent
+from reach.core.priority import BACKGROUND, ONLINE, ONLINE_QUEUE, PriorityPolicy, queue_for
 from reach.core.reports import AWAITING_REPORT, Verdict, judge_report
 from reach.core.retry import (
     Outcome,
@@ -42,20 +43,23 @@ from reach.core.retry import (
     classify,
     should_retry,
 )
+from reach.core.retry_budget import RetryBudget
 from reach.core.routing import RouteFilter, choose_excluding
 from reach.core.statuses import TERMINAL, TaskStatus
 from reach.core.trust import is_l3
 from reach.errors import NoSuitableAgent, StaleReport, UnknownTask
 from reach.hub import breakers as breaker_store
-from reach.hub import metrics, registry, trust
+from reach.hub import callbacks, metrics, registry, retry_budget, trust
+from reach.hub import priority as priority_gate
 from reach.hub.agent_http import AgentAnswer, AgentTransport
 from reach.hub.breakers import Breakers, Ticket
 from reach.hub.monitoring import Policy
 from reach.hub.settings import Settings
+from reach.hub.shared_counts import SharedCounts
 from reach.hub.signing import Signer
 from reach.hub.storage.models import DeadLetterRow, OutboxRow, TaskEventRow, TaskRow
 from reach.hub.storage.outage import database_outage
-from reach.hub.wakeups import mark_finished
+from reach.hub.wakeups import mark_changed, mark_finished
 
 log = logging.getLogger("reach.hub.delivery")
 
@@ -76,6 +80,8 @@ class DeliveryPolicy:
     issuer: str = "agent-reach"  # the tokens' ``iss``
     token_ttl_s: float = 300.0  # the tokens' lifetime (capped at 15 min)
     l3_max_payload_bytes: int = 65_536  # the payload cap of reaches to or from an L3 agent
+    retry_budget: RetryBudget = field(default_factory=RetryBudget)  # re-sends per target
+    priority: PriorityPolicy = field(default_factory=PriorityPolicy)  # background yields
 
     @classmethod
     def from_settings(cls, settings: Settings) -> DeliveryPolicy:
@@ -96,6 +102,16 @@ class DeliveryPolicy:
             issuer=settings.security.issuer,
             token_ttl_s=settings.security.token_ttl_s,
             l3_max_payload_bytes=settings.security.l3_max_payload_bytes,
+            retry_budget=RetryBudget(
+                ratio=r.retry_budget_ratio,
+                min_per_s=r.retry_budget_min_per_s,
+                window_s=r.retry_budget_window,
+            ),
+            priority=PriorityPolicy(
+                background_share=r.background_share,
+                defer_s=r.background_defer_s,
+                max_wait_s=r.background_max_wait_s,
+            ),
         )
 
     def read_timeout_for(self, task: TaskRow) -> float:
@@ -110,11 +126,13 @@ class DeliveryPolicy:
 
 @dataclass(frozen=True, slots=True)
 class Publish:
-    """Instruction for the Celery shell: publish this attempt after ``delay`` seconds."""
+    """Instruction for the Celery shell: publish this attempt after ``delay`` seconds
+    to ``queue`` (the task's priority: ``reach.core.priority.queue_for``)."""
 
     task_id: str
     attempt_seq: int
     delay: float
+    queue: str = ONLINE_QUEUE
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +164,7 @@ def deliver_attempt(
     breakers: Breakers,
     candidates: registry.CandidateCache | None = None,
     signer: Signer | None = None,
+    shared: SharedCounts | None = None,
 ) -> Publish | None:
     """Claim, route, call the agent, record the outcome. Returns a retry to publish, if any.
 
@@ -154,19 +173,39 @@ def deliver_attempt(
     ``candidates`` lets a worker process reuse routing candidates for a moment.
     ``signer`` mints the attempt's reach token (``dpolicy.sign_deliveries``): a worker
     keeps one per process; without one, one is made for this call (it reads the key).
+    ``shared`` (the process's hub-wide counts) makes the breakers' windows hub-wide and
+    enables the per-target retry budget (``reach.hub.retry_budget``); without it, neither.
 
     The common path is two short transactions of plain statements (claim and route;
     record a success); anything unusual takes the ORM path below them. A database
     failure leaves as `HubUnavailable` (the shell retries; the outbox's nets recover).
     """
+    budget_wait = None  # a re-send beyond its target's retry budget (read before the claim)
+    if attempt_seq > 1 and shared is not None:
+        budget_wait = retry_budget.precheck(
+            sessions, shared, task_id, now(), dpolicy.retry_budget, rng
+        )
     with sessions.begin() as session:
         claimed = claim(session, task_id, attempt_seq, now(), dpolicy)
         if claimed is None:
             return None
+        if claimed.session_id is not None and _session_closed(session, claimed, now()):
+            return None  # its session closed since it was queued: cancelled, not delivered
+        if claimed.priority == BACKGROUND:  # online pays nothing for the check
+            deferred = priority_gate.yield_to_online(session, claimed, now(), dpolicy.priority)
+            if deferred is not None:
+                return deferred
+        if budget_wait is not None and claimed.instance_id is not None:
+            return _wait_for_budget(session, claimed, now(), *budget_wait)
         route = _route(session, claimed, now(), policy, dpolicy, rng, candidates)
         if isinstance(route, str):
             task = load_for_update(session, task_id)
             assert task is not None
+            held = _wait_for_breakers(
+                session, task, claimed, now(), policy, dpolicy, rng, candidates
+            )
+            if held is not None:
+                return held  # only breakers hold its instances out: wait for the next trial
             return fail_transient(
                 session,
                 task,
@@ -189,6 +228,7 @@ def deliver_attempt(
             now=now(),
         )
         headers["Authorization"] = f"Bearer {token}"
+    retry_budget.count(shared, dispatch.agent_id, claimed.instance_id is not None, now())
     started = time.perf_counter()
     answer = transport.post(
         dispatch.url,
@@ -206,7 +246,9 @@ def deliver_attempt(
     # before the outcome, so a retry it schedules already finds the breaker open;
     # an mTLS refusal says nothing of the instance's health (and the task ends anyway)
     if not answer.refused:
-        breaker_store.observe(sessions, breakers, dispatch.ticket, outcome, now(), dpolicy.breaker)
+        breaker_store.observe(
+            sessions, breakers, dispatch.ticket, outcome, now(), dpolicy.breaker, shared
+        )
     with sessions.begin() as session:
         if outcome is Outcome.SUCCESS:
             body = answer.body if isinstance(answer.body, dict) else {}
@@ -233,6 +275,7 @@ class Claimed:
     instance_id: str | None
     retries: int
     caller: str | None = None  # who submitted it (``tasks.caller``): the token's ``sub``
+    priority: str = ONLINE  # online | background (``reach.core.priority``)
 
 
 _T = cast(Table, TaskRow.__table__)
@@ -241,7 +284,7 @@ _EVENTS = cast(Table, TaskEventRow.__table__)
 VIEW_COLUMNS = (
     "task_id", "status", "method", "target", "agent_id", "instance_id", "attempt_seq",
     "retries", "result", "error", "trace", "session_id", "timeout_ms", "created_at",
-    "updated_at", "finished_at", "caller",
+    "updated_at", "finished_at", "caller", "priority",
 )  # fmt: skip
 
 
@@ -293,6 +336,7 @@ _CLAIM = (
         _T.c.instance_id,
         _T.c.retries,
         _T.c.caller,
+        _T.c.priority,
     )
 )
 _ASSIGN = (
@@ -316,7 +360,7 @@ _SUCCEED = (
         lease_token=None,
         lease_until=None,
     )
-    .returning(*(_T.c[name] for name in VIEW_COLUMNS))
+    .returning(*(_T.c[name] for name in VIEW_COLUMNS), _T.c.callback_url)
 )
 # A reported success: only for the attempt the task waits on, from its own instance
 # (``reach.core.reports``); anything else takes the ORM path to be judged and recorded.
@@ -382,6 +426,8 @@ def _route(
     pinned = target.get("instance_id")
     if pinned:  # a broadcast target: this instance or nothing
         candidates = [c for c in candidates if c.instance_id == pinned]
+    elif not flt.agent_id and task.trace and task.trace.get("path"):  # no loop by route
+        candidates = [c for c in candidates if c.agent_id not in task.trace["path"]]
     screened: trust.Screened | None = None
     if any(is_l3(c.trust_level) for c in candidates):  # else: not a read more
         screened = trust.screen_candidates(
@@ -476,11 +522,13 @@ def succeed(
     row = session.connection().execute(statement, params).first()
     if row is None:
         return None
-    view = dict(zip(VIEW_COLUMNS, row, strict=True))
+    view = dict(zip(VIEW_COLUMNS, row[:-1], strict=True))
     _insert_event(
         session, task_id, view["agent_id"], view["instance_id"], view["attempt_seq"],
         "terminal_success", now, detail, actor,
     )  # fmt: skip
+    if row[-1]:  # the task has a callback: armed in this transaction
+        callbacks.on_event(session, task_id, "terminal_success", now, detail)
     mark_finished(session, task_id, view)
     metrics.TASKS_TOTAL.labels(TaskStatus.SUCCESS).inc()
     return view
@@ -510,6 +558,7 @@ def _insert_event(
             "actor": actor,
         },
     )
+    mark_changed(session, task_id)  # progress streams wake (reach.hub.streams)
 
 
 def record_outcome(
@@ -598,6 +647,15 @@ def record_outcome(
         "message": (answer.error or str(answer.body))[:2000],
         "instance_id": d.instance_id,
     }
+    if breaker_store.open_until(session, d.instance_id, now) is not None:
+        # its breaker is open (this answer or another opened it): no retry spent
+        task.error = error
+        delay = backoff_delay(task.retries + 1, dpolicy.retry, rng)
+        held = defer_attempt(
+            session, task, now, delay, 0.0, "breaker_open", {"error": error}, dpolicy
+        )
+        if held is not None:
+            return held
     return fail_transient(
         session, task, d.token, now, dpolicy, rng, reason="transient", error=error
     )
@@ -633,6 +691,80 @@ def fail_transient(
     )
 
 
+def _wait_for_budget(
+    session: Session, claimed: Claimed, now: float, agent_id: str, delay: float
+) -> Publish:
+    """A re-send beyond its target's retry budget waits (``reach.hub.retry_budget``):
+    deferred and checked again when it fires; no retry or deferral spent, not a failure."""
+    task = load_for_update(session, claimed.task_id)
+    assert task is not None
+    detail = {"budget_wait": True, "agent_id": agent_id, "retry": task.retries}
+    return schedule_retry(session, task, now, delay, "retry_budget", detail)
+
+
+def _wait_for_breakers(
+    session: Session,
+    task: TaskRow,
+    claimed: Claimed,
+    now: float,
+    policy: Policy,
+    dpolicy: DeliveryPolicy,
+    rng: random.Random,
+    cache: registry.CandidateCache | None,
+) -> Publish | None:
+    """No route: if only breakers hold the live instances out, defer to the next trial."""
+    if task.deferrals >= dpolicy.max_deferrals:
+        return None
+    target = claimed.target
+    flt = RouteFilter(
+        agent_id=target.get("agent_id"),
+        tags=tuple(target.get("tags") or ()),
+        capability=target.get("capability"),
+        rules=tuple(sorted((target.get("rules") or {}).items())),
+    )
+    if cache is not None:
+        found = cache.get(session, flt, now, policy, claimed.method)
+    else:
+        found = registry.load_candidates(session, flt, now, policy, method=claimed.method)
+    pinned = target.get("instance_id")
+    if pinned:
+        found = [c for c in found if c.instance_id == pinned]
+    found = breaker_store.open_failing(session, found, now, dpolicy.breaker)
+    trial = dpolicy.breaker.trial_interval_s
+    until = breaker_store.held_back_until(found, now, recheck_s=min(1.0, trial))
+    if until is None:
+        return None
+    detail = {"breaker_wait": True, "next_trial_at": until}
+    return defer_attempt(
+        session, task, now, until - now, min(1.0, trial / 10), "breaker_open", detail, dpolicy, rng
+    )
+
+
+def defer_attempt(
+    session: Session,
+    task: TaskRow,
+    now: float,
+    wait: float,
+    jitter: float,
+    reason: str,
+    detail: dict[str, Any],
+    dpolicy: DeliveryPolicy,
+    rng: random.Random | None = None,
+) -> Publish | None:
+    """Put the attempt off ``wait`` (+ up to ``jitter``) seconds without spending a retry.
+
+    At most ``dpolicy.max_deferrals`` times per task (shared with 429 deferrals): past
+    that, None, and the caller spends retries as before, so a permanently broken agent
+    still ends in the dead-letter queue."""
+    if task.deferrals >= dpolicy.max_deferrals:
+        return None
+    task.deferrals += 1
+    delay = max(0.0, wait) + (rng.uniform(0, jitter) if rng is not None and jitter > 0 else 0.0)
+    return schedule_retry(
+        session, task, now, delay, reason, {**detail, "deferrals": task.deferrals}
+    )
+
+
 def schedule_retry(
     session: Session, task: TaskRow, now: float, delay: float, reason: str, detail: dict[str, Any]
 ) -> Publish:
@@ -647,7 +779,7 @@ def schedule_retry(
         session, task, "retry", now, {"reason": reason, "delay_s": round(delay, 3), **detail}
     )
     metrics.RETRY_TOTAL.labels(reason).inc()
-    return Publish(task.task_id, task.attempt_seq, delay)
+    return Publish(task.task_id, task.attempt_seq, delay, queue_for(task.priority))
 
 
 def finish(
@@ -718,11 +850,16 @@ def add_attempt(session: Session, task: TaskRow, now: float, available_at: float
             task_id=task.task_id,
             agent_id=task.agent_id or "-",
             attempt_seq=task.attempt_seq,
-            message={"task_id": task.task_id, "attempt_seq": task.attempt_seq},
+            message=attempt_message(task.task_id, task.attempt_seq, task.priority),
             created_at=now,
             available_at=available_at,
         )
     )
+
+
+def attempt_message(task_id: str, attempt_seq: int, priority: str | None) -> dict[str, Any]:
+    """An outbox row's ``message``: the attempt and the queue the relay publishes it to."""
+    return {"task_id": task_id, "attempt_seq": attempt_seq, "queue": queue_for(priority)}
 
 
 def mark_published(session: Session, task_id: str, attempt_seq: int, now: float) -> None:
@@ -771,6 +908,9 @@ def record_event(
             actor=actor,
         )
     )
+    mark_changed(session, task.task_id)  # progress streams wake (reach.hub.streams)
+    if task.callback_url:
+        callbacks.on_event(session, task.task_id, kind, now, detail)
 
 
 def load_for_update(session: Session, task_id: str) -> TaskRow | None:
@@ -830,8 +970,9 @@ def report_progress(
 ) -> StaleReport | None:
     """Record progress of the attempt in flight; a `StaleReport` (recorded, as for a
     result) if the report names another attempt or instance. Late progress of a
-    terminal task is kept as an event, as before."""
-    task = session.scalar(select(TaskRow).where(TaskRow.task_id == task_id))
+    terminal task is kept as an event, as before. The row is locked: a task's events
+    commit in their id order, which a progress stream resuming by id relies on."""
+    task = load_for_update(session, task_id)
     if task is None:
         raise UnknownTask(f"task {task_id!r} does not exist", task_id=task_id)
     verdict = judge_report(
@@ -886,6 +1027,13 @@ def refuse_report(
         attempt_seq=attempt_seq,
         instance_id=instance_id,
     )
+
+
+def _session_closed(session: Session, claimed: Claimed, now: float) -> bool:
+    from reach.hub.sessions import cancel_if_closed  # sessions imports this module
+
+    assert claimed.session_id is not None
+    return cancel_if_closed(session, claimed.task_id, claimed.session_id, now)
 
 
 def task_view(task: TaskRow) -> dict[str, Any]:

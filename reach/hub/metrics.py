@@ -44,6 +44,11 @@ AUTH_REFUSALS_TOTAL = Counter(
     "API requests refused: no valid credential, outside its scope, or not its agent.",
     ["reason"],
 )
+ADMISSION_REFUSALS_TOTAL = Counter(
+    "agentreach_admission_refusals_total",
+    "Submits refused before anything was written: backpressure, payload_too_large, overloaded.",
+    ["reason"],
+)
 
 
 InstanceRows = Callable[[], Iterable[dict[str, Any]]]
@@ -135,4 +140,21 @@ APPROVALS_TOTAL = Counter(
 TASKS_TOTAL = Counter("agentreach_tasks_total", "Tasks reaching a terminal state.", ["status"])
 BREAKER_OPEN_TOTAL = Counter(
     "agentreach_breaker_open_total", "Instance circuit breakers opened, by agent.", ["agent_id"]
+)
+RETRY_BUDGET_WAIT_TOTAL = Counter(
+    "agentreach_retry_budget_wait_total",
+    "Retries deferred because their target's retry budget was spent, by agent.",
+    ["agent_id"],
+)
+DEPENDENCY_LOOP_SUSPECTED_TOTAL = Counter(
+    "agentreach_dependency_loop_suspected_total",
+    "Agent links suspected of a dependency loop (busy both ways in the alert window).",
+)
+CHANNEL_EVENTS_TOTAL = Counter(
+    "agentreach_channel_events_total", "Agent channels (WebSockets) opened and closed.", ["event"]
+)
+CHANNEL_REFUSED_FRAMES_TOTAL = Counter(
+    "agentreach_channel_refused_total",
+    "Agent channels closed or frames refused (bad frame, wrong agent, unknown attempt).",
+    ["reason"],
 )

@@ -21,10 +21,12 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from reach.core.priority import BACKGROUND_QUEUE, ONLINE_QUEUE, queue_for
 from reach.core.statuses import TaskStatus
 from reach.hub.delivery import (
     DeliveryPolicy,
@@ -38,6 +40,8 @@ from reach.hub.delivery import (
 )
 from reach.hub.storage.engine import skip_locked as _skip_locked
 from reach.hub.storage.models import OutboxRow, TaskRow
+
+DELIVERY_QUEUES = frozenset({ONLINE_QUEUE, BACKGROUND_QUEUE})
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +76,15 @@ def unpublished(
     out = []
     for row in [*rows, *lapsed]:
         row.published_at = now  # a claim; ``settle`` confirms it or takes it back
-        out.append(Publish(row.task_id, row.attempt_seq, 0.0))
+        out.append(Publish(row.task_id, row.attempt_seq, 0.0, queue_of(row.message)))
     return out
+
+
+def queue_of(message: Any) -> str:
+    """The queue an outbox row's attempt goes to; rows written before priorities existed
+    (or anything unexpected in ``message``) go to the online delivery queue."""
+    queue = message.get("queue") if isinstance(message, dict) else None
+    return queue if queue in DELIVERY_QUEUES else ONLINE_QUEUE
 
 
 def _lapsed_claims(session: Session, claimed_before: float, limit: int) -> Sequence[OutboxRow]:
@@ -169,7 +180,7 @@ def recover(
             now,
             {"overdue_s": round(now - (task.next_attempt_at or now), 3)},
         )
-        publish.append(Publish(task.task_id, task.attempt_seq, 0.0))
+        publish.append(Publish(task.task_id, task.attempt_seq, 0.0, queue_for(task.priority)))
 
     redelivered = 0
     lapsed = session.scalars(

@@ -17,11 +17,12 @@ from cachetools import LRUCache
 from sqlalchemy import ColumnElement, delete, exists, insert, or_, select
 from sqlalchemy.orm import Session
 
-from reach.core.breaker import BreakerState
+from reach.core.breaker import routable as breaker_routable
 from reach.core.breaker import state as breaker_state
+from reach.core.channel import shown_endpoint
 from reach.core.endpoints import parse_endpoint, refusal
 from reach.core.health import HeartbeatFacts, InstanceStatus, heartbeat_age, liveness
-from reach.core.reachability import rise_streak
+from reach.core.reachability import Alert, rise_streak
 from reach.core.routing import Candidate, Declaration, RouteFilter, eligibility
 from reach.errors import (
     RegistrationConflict,
@@ -78,6 +79,7 @@ def register(
             setattr(agent, key, value)
         agent.updated_at = now
         _index_declaration(session, req.agent_id, declaration)
+    agent.max_queue = req.max_queue  # the latest registration's; the admin override wins
 
     endpoint_url = reachable.url if public is None else endpoint.url
     instance_id = req.instance_id or uuid.uuid4().hex
@@ -244,15 +246,20 @@ def load_candidates(
             continue
         verdict = current(inst, now, policy)
         # an open breaker takes the instance out of the pool (not merely to the back);
-        # once its trial is due, the delivery that picks it must claim the trial
-        breaker_open = breaker_state(inst.breaker_open_until, now) is BreakerState.OPEN
+        # once its trial is due, the delivery that picks it must claim the trial, even if
+        # the agent's consecutive failures hold it out (else it could never come back)
+        routable = breaker_routable(
+            verdict.routable,
+            Alert.FAILING in verdict.alerts,
+            breaker_state(inst.breaker_open_until, now),
+        )
         out.append(
             Candidate(
                 instance_id=inst.instance_id,
                 agent_id=inst.agent_id,
                 endpoint=inst.public_endpoint or inst.endpoint,
                 status=verdict.status,
-                routable=verdict.routable and not breaker_open,
+                routable=routable,
                 reach_score=verdict.reach_score,
                 in_flight=inst.in_flight,
                 max_concurrency=inst.max_concurrency,
@@ -374,7 +381,7 @@ def instance_view(row: InstanceRow, now: float, policy: Policy) -> dict[str, Any
     verdict = current(row, now, policy)
     return {
         "instance_id": row.instance_id,
-        "endpoint": row.endpoint,
+        "endpoint": shown_endpoint(row.endpoint),
         "public_endpoint": row.public_endpoint,
         "version": row.version,
         "status": verdict.status.value,

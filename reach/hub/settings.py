@@ -62,7 +62,11 @@ class ServerSettings(_Section):
     host: str = "127.0.0.1"
     port: int = Field(8800, ge=1, le=65535)
     admin_port: int | None = Field(None, ge=1, le=65535)
-    max_body_bytes: int = Field(1_048_576, ge=1024)
+    max_body_bytes: int = Field(
+        1_048_576,
+        ge=1024,
+        description="request body limit (413); never below router.max_payload_bytes + 64 KiB",
+    )
     # memory admission (issue 14): above this share of the API process's memory limit,
     # new submits answer 503 with Retry-After; the limit is the cgroup's unless set
     memory_admission_ratio: float = Field(
@@ -70,6 +74,9 @@ class ServerSettings(_Section):
     )
     memory_limit_bytes: int | None = Field(
         None, ge=1 << 20, description="the API process's memory limit; unset: the cgroup's"
+    )
+    stream_ping_s: float = Field(
+        15.0, gt=0, le=300, description="keep-alive comment on an idle progress stream"
     )
 
     @field_validator("port", "admin_port", mode="before")
@@ -186,6 +193,12 @@ class RouterSettings(_Section):
     )
     background_share: float = Field(
         0.5, gt=0, le=1, description="worker slots background tasks may hold while online waits"
+    )
+    background_defer_s: float = Field(
+        0.5, gt=0, le=60, description="seconds a background attempt yields to waiting online work"
+    )
+    background_max_wait_s: float = Field(
+        60.0, gt=0, le=3600, description="a background attempt deferred this long runs anyway"
     )
     loop_alert_threshold: int = Field(
         20, ge=1, description="reaches each way between two agents in the window: loop suspected"
@@ -354,6 +367,24 @@ class SessionSettings(_Section):
     )
 
 
+class CallbackSettings(_Section):
+    """Callbacks (``send(..., callback_url=)``): the hub POSTs a task's result, signed, to
+    the caller's URL (``reach.hub.callbacks``), at least once, then dead-letters it."""
+
+    allow_private: bool = Field(
+        False, description="allow loopback, private and link-local callback URLs (SSRF)"
+    )
+    max_retries: int = Field(
+        8, ge=0, le=100, description="failed POSTs retried this often before the dead letter"
+    )
+    backoff_base_s: float = Field(1.0, gt=0, le=3600, description="first retry's delay")
+    backoff_cap_s: float = Field(300.0, gt=0, le=86400, description="longest retry delay")
+    timeout_s: float = Field(5.0, gt=0, le=120, description="a receiver's time to answer")
+    sweep_interval_s: float = Field(
+        5.0, gt=0, le=3600, description="seconds between the beat's net for unsent callbacks"
+    )
+
+
 class Settings(BaseSettings):
     """Every section of the hub's configuration.
 
@@ -378,6 +409,7 @@ class Settings(BaseSettings):
     security: SecuritySettings = SecuritySettings()
     approval: ApprovalSettings = ApprovalSettings()
     sessions: SessionSettings = SessionSettings()
+    callbacks: CallbackSettings = CallbackSettings()
 
     @classmethod
     def settings_customise_sources(

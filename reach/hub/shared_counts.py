@@ -7,9 +7,12 @@ row per (name, key, second), so they work on SQLite and PostgreSQL alike and sur
 restart.
 
 Writing a row per request would put a hot row on the delivery path, so each process
-buffers its increments and flushes them at most every ``flush_every`` seconds (one
-short transaction of upserts); a reader sees the store's sums (cached ``read_ttl``
-seconds) plus its own unflushed increments. Another process's latest second may be
+buffers its increments and a daemon thread of its own flushes them every ``flush_every``
+seconds (one short transaction of upserts). Never the caller's thread: a caller may hold
+a transaction open (a delivery's claim does), and on SQLite a second writer in the same
+thread would wait for a lock its own thread holds. A reader sees the store's sums
+(cached ``read_ttl`` seconds, read in a read-only transaction that never takes SQLite's
+write lock) plus its own unflushed increments. Another process's latest second may be
 missing from a total: a lag of about a second, which every consumer here tolerates
 (budgets and breakers act on windows of 10 s and more).
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 from collections.abc import Iterable
 from typing import Any
@@ -57,27 +61,63 @@ class SharedCounts:
         self,
         sessions: sessionmaker[Session],
         *,
+        read_sessions: sessionmaker[Session] | None = None,
         flush_every: float = 1.0,
         read_ttl: float = 0.5,
         keep_s: int = 3600,
+        background: bool = True,
     ) -> None:
+        """``background=False`` (tests with a controlled clock): nothing flushes on its
+        own; ``flush`` writes when called."""
         self._sessions = sessions
+        self._read_sessions = read_sessions or sessions
+        self._background = background
+        self._flusher_pid: int | None = None
+        self._stopped = threading.Event()
+        self._last_now = 0.0
         self._flush_every = flush_every
         self._read_ttl = read_ttl
         self._keep_s = keep_s
         self._pending: dict[_Bucket, int] = {}
+        self._inflight: dict[_Bucket, int] = {}  # being flushed: counted until committed
         self._cache: dict[tuple[str, str, int], tuple[float, int]] = {}
         self._lock = threading.Lock()
         self._flushed_at = -math.inf
         self._pruned_at = -math.inf
 
     def add(self, name: str, key: str, now: float, n: int = 1) -> None:
-        """Count ``n`` at ``now``; flushes the buffer when it is due."""
+        """Count ``n`` at ``now`` (buffered: the process's flusher writes it)."""
         cell = (name, key[:KEY_MAX], bucket_of(now))
         with self._lock:
             if cell in self._pending or len(self._pending) < MAX_PENDING:
                 self._pending[cell] = self._pending.get(cell, 0) + n
-        self.flush(now)
+            self._last_now = max(self._last_now, now)
+        if self._background and self._flusher_pid != os.getpid():
+            self._start_flusher()
+
+    def _start_flusher(self) -> None:
+        """One flushing thread per process (a forked child starts its own)."""
+        with self._lock:
+            if self._flusher_pid == os.getpid():
+                return
+            self._flusher_pid = os.getpid()
+        threading.Thread(target=self._flush_forever, name="reach-flow-counts", daemon=True).start()
+
+    def close(self) -> None:
+        """Stop the flusher after writing what is buffered."""
+        self._stopped.set()
+        with self._lock:
+            now = self._last_now
+        self.flush(now, force=True)
+
+    def _flush_forever(self) -> None:
+        while not self._stopped.wait(self._flush_every):
+            with self._lock:
+                now = self._last_now
+            try:
+                self.flush(now, force=True)
+            except Exception:  # advisory counts: the thread must outlive anything
+                log.exception("flow counts flush failed")
 
     def total(self, name: str, key: str, now: float, window_s: float) -> int:
         """The hub-wide count of ``(name, key)`` over the last ``window_s`` seconds."""
@@ -85,7 +125,6 @@ class SharedCounts:
 
     def totals(self, name: str, keys: Iterable[str], now: float, window_s: float) -> dict[str, int]:
         """``total`` for several keys of one name, in at most one read."""
-        self.flush(now)
         first = window_start(now, window_s)
         wanted = [k[:KEY_MAX] for k in keys]
         stored: dict[str, int] = {}
@@ -106,17 +145,19 @@ class SharedCounts:
                     stored[key] = read.get(key, 0)
                     self._cache[(name, key, first)] = (now, stored[key])
         with self._lock:  # what this process counted and has not written yet
-            for (n, key, second), count in self._pending.items():
+            for (n, key, second), count in [*self._pending.items(), *self._inflight.items()]:
                 if n == name and key in stored and second >= first:
                     stored[key] += count
         return stored
 
     def flush(self, now: float, *, force: bool = False) -> None:
-        """Write the buffered increments (when due, or ``force``); a failure keeps them."""
+        """Write the buffered increments (when due, or ``force``) in a transaction of
+        their own -- never call it inside another one; a failure keeps them."""
         with self._lock:
             if not self._pending or (not force and now - self._flushed_at < self._flush_every):
                 return
             pending, self._pending = self._pending, {}
+            self._inflight = pending
             self._flushed_at = now
             prune = now - self._pruned_at >= 60
             if prune:
@@ -130,13 +171,19 @@ class SharedCounts:
         except SQLAlchemyError as exc:
             log.warning("flow counts not written (kept for the next flush): %s", exc)
             with self._lock:
+                self._inflight = {}
                 for cell, count in pending.items():
                     if cell in self._pending or len(self._pending) < MAX_PENDING:
                         self._pending[cell] = self._pending.get(cell, 0) + count
+            return
+        with self._lock:  # a cached stored sum predates these rows: read it afresh
+            self._inflight = {}
+            flushed = {(name, key) for name, key, _ in pending}
+            self._cache = {k: v for k, v in self._cache.items() if (k[0], k[1]) not in flushed}
 
     def _read(self, name: str, keys: list[str], first: int) -> dict[str, int]:
         try:
-            with self._sessions.begin() as session:
+            with self._read_sessions.begin() as session:
                 rows = session.execute(
                     select(FlowCountRow.key, func.sum(FlowCountRow.count))
                     .where(FlowCountRow.name == name)

@@ -27,9 +27,10 @@ from reach.core.routing import Declaration, RouteFilter, eligibility
 from reach.core.statuses import InstanceStatus, TaskStatus
 from reach.core.trust import is_l3
 from reach.errors import CircuitOpen, InvalidPayload, NoSuitableAgent, ReachError, TaskConflict
-from reach.hub import approvals, trust
-from reach.hub.delivery import VIEW_COLUMNS, task_view
+from reach.hub import admission, approvals, callbacks, loops, trust
+from reach.hub.delivery import VIEW_COLUMNS, attempt_message, task_view
 from reach.hub.registry import CANDIDATE_LIMIT, prefilter
+from reach.hub.sessions import check_open as check_session_open
 from reach.hub.storage.models import AgentRow, InstanceRow, OutboxRow, TaskEventRow, TaskRow
 from reach.schemas import SubmitRequest
 
@@ -71,6 +72,8 @@ def submit(
     caller: str | None = None,
     l3_cap: int = trust.DEFAULT_L3_CAP,
     approval: approvals.ApprovalPolicy = approvals.DEFAULT_POLICY,
+    limits: admission.Limits = admission.DEFAULT_LIMITS,
+    loop_guard: loops.LoopGuard | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """Create the task (or find the existing one with this task_id): (its view, created).
 
@@ -92,7 +95,17 @@ def submit(
     A task whose capability needs a human decision (`reach.hub.approvals.required`, under
     ``approval``) is parked instead: status ``awaiting_approval``, an approval row, no
     outbox row -- the caller must not publish it (its view says the status).
+
+    Admission (`reach.hub.admission`, under ``limits``): a payload over the cap raises
+    `RequestTooLarge` first; a task whose eligible agents are all full raises
+    `Backpressure` before it is written (a parked task holds no slot: never refused).
+
+    With a ``loop_guard`` (the API's submits) the stored trace is the hub's own
+    (`reach.hub.loops.derive_trace`), a reach closing a cycle or too deep raises
+    `LoopDetected`, and a reach on a link suspected of a dependency loop is stored as
+    ``background``.
     """
+    admission.check_payload(req.payload, limits.max_payload_bytes)
     target = target_of(req)
     if pin_instance:
         target["instance_id"] = pin_instance
@@ -112,12 +125,15 @@ def submit(
                 )
             return task_view(existing), False
     task_id = req.task_id or f"t-{uuid.uuid4().hex}"
+    check_session_open(session, req.session_id, now)  # a closed session takes no new reach
     decls = _check_target(session, req, now, task_id=task_id, caller=caller, l3_cap=l3_cap)
     trace = (
         req.trace.model_dump()
         if req.trace
         else {"root_id": task_id, "parent_task_id": None, "hops": 0, "path": []}
     )
+    if loop_guard is not None:  # the hub's own trace, loop-checked (`reach.hub.loops`)
+        trace = loop_guard.trace_for(session, req, task_id, caller, list(decls))
     values = {
         "task_id": task_id,
         "agent_id": req.agent_id,
@@ -141,11 +157,20 @@ def submit(
         "caller": caller,
         "priority": req.priority,
     }
-    if approvals.required(decls, req.method, req.capability, approval):
+    if req.callback_url:  # its URL was checked at the edge (reach.hub.callbacks.check_url)
+        values["callback_url"] = req.callback_url
+        callbacks.register(
+            session, task_id, req.callback_url, req.callback_context, req.callback_progress, now
+        )
+    if approvals.required(decls.values(), req.method, req.capability, approval):
         approvals.park(session, values, now, approval, capability=req.capability or req.method)
         view = {name: values.get(name) for name in VIEW_COLUMNS}
         view["status"] = TaskStatus.AWAITING_APPROVAL
         return view, True
+    named = bool(req.agent_id)
+    admission.admit(session, list(decls), limits, now, named=named, task_id=req.task_id)
+    if loop_guard is not None and loop_guard.observe(session, caller, trace, req.agent_id, now):
+        values["priority"] = "background"  # a link suspected of a dependency loop
     # plain inserts (the hot path of every submit: the ORM's unit of work cost more)
     conn = session.connection()
     conn.execute(_ADD_TASK, values)
@@ -168,7 +193,7 @@ def submit(
             "task_id": task_id,
             "agent_id": target_key(target),
             "attempt_seq": 1,
-            "message": {"task_id": task_id, "attempt_seq": 1},
+            "message": attempt_message(task_id, 1, str(values["priority"])),
             "created_at": now,
             "available_at": now,
             "published_at": published_at,
@@ -192,13 +217,13 @@ def _check_target(
     task_id: str | None = None,
     caller: str | None = None,
     l3_cap: int = trust.DEFAULT_L3_CAP,
-) -> list[dict[str, Any] | None]:
+) -> dict[str, dict[str, Any] | None]:
     """At least one registered agent must be eligible (`reach.core.routing.eligibility`,
     the rule delivery routes by) and accept the payload, and not every instance of the
     eligible agents may have its circuit breaker open.
 
-    Returns the capability declaration (None: the agent declares none) of each eligible
-    agent, for the approval gate.
+    Returns the capability declaration (None: the agent declares none) by eligible
+    agent, for the approval gate and the queue bound.
 
     One indexed read (`registry.prefilter`: the agents the filter names, never the fleet)
     of the matching agents with their live instances' breaker state, closed breakers first
@@ -236,7 +261,7 @@ def _check_target(
         trusts = {a: agents[a].trust_level for a in matched}
         matched = _screen(session, req, trusts, now, task_id, caller, l3_cap)
         _check_breakers(matched, [(a, u) for a in matched for u in breakers[a]], now)
-        return [decls[a] for a in matched]
+        return {a: decls[a] for a in matched}
     if schema_errors:
         raise InvalidPayload(
             f"payload does not satisfy params_schema of {req.method!r}: {schema_errors[0]}",

@@ -6,6 +6,11 @@ one subscriber and wakes the requests waiting on that id, which then read the st
 Pub/sub is lossy by design, so a waiter still re-reads on a slow timer: a lost
 notification costs latency, never a result. Without Redis (the embedded default) there is
 no channel and waiters re-read on the timer alone.
+
+Progress streams also need the steps before the end: `mark_changed` announces that a
+task has new events (a status change, a progress report) on the same channel, flagged as
+a change, which wakes only the streams' listeners (`Waiters.on_change`), never a
+long-poll waiting for the end; a terminal notice wakes both.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import contextlib
 import json
 import logging
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from sqlalchemy import event
@@ -23,6 +28,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 log = logging.getLogger("reach.hub.wakeups")
 _PENDING = "reach.finished"
+_CHANGED = "reach.changed"
 
 
 def channel_for(url: str) -> str:
@@ -36,6 +42,11 @@ MAX_CARRIED_BYTES = 65_536  # a larger final view is announced by id and read by
 def mark_finished(session: Session, key: str, view: dict[str, Any] | None = None) -> None:
     """Announce ``key`` (with its final ``view``, if small) once the transaction commits."""
     session.info.setdefault(_PENDING, {})[key] = view
+
+
+def mark_changed(session: Session, key: str) -> None:
+    """Announce that ``key`` has new events once the transaction commits (streams wake)."""
+    session.info.setdefault(_CHANGED, set()).add(key)
 
 
 class CompletionBus:
@@ -59,8 +70,30 @@ class CompletionBus:
 
     def _after_commit(self, session: Session) -> None:
         keys = session.info.pop(_PENDING, None)
+        changed = session.info.pop(_CHANGED, None)
         if keys:
             self.notify(keys)
+        if changed:
+            self.notify_changed(k for k in changed if not keys or k not in keys)
+
+    def notify_changed(self, keys: Iterable[str]) -> None:
+        """Publish change notices (a terminal notice is one already: not repeated)."""
+        keys = list(keys)
+        if not keys:
+            return
+        try:
+            if self._client is None:
+                import redis
+
+                self._client = redis.Redis.from_url(
+                    str(self.url), socket_timeout=1, socket_connect_timeout=1
+                )
+            pipe = self._client.pipeline(transaction=False)
+            for key in keys:
+                pipe.publish(self.channel, json.dumps({"key": key, "change": True}))
+            pipe.execute()
+        except Exception as exc:  # streams fall back to re-reading; never fail a commit
+            log.debug("change notice not sent: %s", exc)
 
     def notify(self, keys: Mapping[str, dict[str, Any] | None] | Iterable[str]) -> None:
         items = keys.items() if isinstance(keys, Mapping) else ((k, None) for k in keys)
@@ -81,6 +114,7 @@ class CompletionBus:
 
 def _forget(session: Session, previous_transaction: Any) -> None:
     session.info.pop(_PENDING, None)
+    session.info.pop(_CHANGED, None)
 
 
 def _encode(key: str, view: dict[str, Any] | None) -> str:
@@ -94,6 +128,12 @@ def _encode(key: str, view: dict[str, Any] | None) -> str:
 def _decode(raw: bytes) -> tuple[str, dict[str, Any] | None]:
     message = json.loads(raw)
     return str(message["key"]), message.get("view")
+
+
+def _decode_notice(raw: bytes) -> tuple[str, dict[str, Any] | None, bool]:
+    """(key, carried view, whether it is only a change notice)."""
+    message = json.loads(raw)
+    return str(message["key"]), message.get("view"), message.get("change") is True
 
 
 class Watch:
@@ -116,6 +156,7 @@ class Waiters:
 
     def __init__(self) -> None:
         self._by_key: dict[str, set[Watch]] = {}
+        self._on_change: dict[str, set[Callable[[str], None]]] = {}
         self._stop = threading.Event()
         self.live = False  # subscribed right now: waiters can afford a slow fallback timer
 
@@ -139,6 +180,28 @@ class Waiters:
     def wake(self, key: str, view: dict[str, Any] | None = None) -> None:
         for watch in list(self._by_key.get(key, ())):
             watch.wake(key, view)
+        self.changed(key)
+
+    @contextlib.contextmanager
+    def on_change(self, keys: Iterable[str], listener: Callable[[str], None]) -> Iterator[None]:
+        """Call ``listener(key)`` (on the event loop) whenever one of ``keys`` changes or
+        ends: how a shared stream feed learns to read, once for all its streams."""
+        keys = list(keys)
+        for key in keys:
+            self._on_change.setdefault(key, set()).add(listener)
+        try:
+            yield
+        finally:
+            for key in keys:
+                listeners = self._on_change.get(key)
+                if listeners is not None:
+                    listeners.discard(listener)
+                    if not listeners:
+                        del self._on_change[key]
+
+    def changed(self, key: str) -> None:
+        for listener in list(self._on_change.get(key, ())):
+            listener(key)
 
     def start(self, bus: CompletionBus, loop: asyncio.AbstractEventLoop) -> None:
         if not bus.enabled:
@@ -163,10 +226,13 @@ class Waiters:
                     message = pubsub.get_message(timeout=1.0)
                     if message is not None and message.get("type") == "message":
                         try:
-                            key, view = _decode(message["data"])
-                        except (ValueError, KeyError, TypeError):
+                            key, view, change = _decode_notice(message["data"])
+                        except (ValueError, KeyError, TypeError, AttributeError):
                             continue
-                        loop.call_soon_threadsafe(self.wake, key, view)
+                        if change:
+                            loop.call_soon_threadsafe(self.changed, key)
+                        else:
+                            loop.call_soon_threadsafe(self.wake, key, view)
                 pubsub.close()
                 client.close()
             except Exception as exc:

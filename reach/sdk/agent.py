@@ -40,6 +40,7 @@ from pydantic import ValidationError
 
 from reach.core import envelope
 from reach.core.endpoints import parse_endpoint, refusal
+from reach.core.sessions import CLOSED_SESSIONS_HEADER, parse_closed
 from reach.errors import (
     BusinessError,
     HubUnavailable,
@@ -50,6 +51,7 @@ from reach.errors import (
     UnknownInstance,
 )
 from reach.schemas import Capability, DeregisterRequest, HeartbeatRequest, RegisterRequest
+from reach.sdk import sessions as liveness
 from reach.sdk import trace
 from reach.sdk.dedup import (
     DEFAULT_MAX_BYTES,
@@ -64,10 +66,13 @@ from reach.sdk.tokens import TokenVerifier
 
 if TYPE_CHECKING:
     from reach.sdk.asgi import AgentApp
+    from reach.sdk.channel import AgentChannel
 
 log = logging.getLogger("reach.sdk.agent")
 
 Handler = Callable[[str, dict[str, Any]], Any]
+
+CHANNEL_ADDR = "http://127.0.0.1:9"  # a channel agent's placeholder addr: the hub sets its own
 
 REMEMBERED_ATTEMPTS = 10_000
 """Tasks whose latest delivery an agent remembers, to name it in a later report."""
@@ -98,6 +103,8 @@ class Agent:
         api_key: str | None = None,
         tls: TLSConfig | None = None,
         verify_tokens: bool = True,
+        max_queue: int | None = None,
+        channel: bool | None = None,
     ) -> None:
         """``dedup_store``: a SQLite file that keeps answers across restarts (one process
         per file), instead of memory; ``dedup``: a guard of your own (bounds included).
@@ -108,9 +115,22 @@ class Agent:
         ``verify_tokens``: check the hub-signed reach token of every delivery and answer
         401 without running a handler when it is missing, forged, expired, replayed or
         for someone else (``reach.sdk.tokens``); turn it off only for an agent that is
-        not reached through a hub."""
-        if not addr:
+        not reached through a hub.
+
+        ``max_queue``: at most this many of this agent's tasks pending or in flight at the
+        hub; past it, senders get ``Backpressure`` (429) instead of a growing queue.
+        Unset: the hub's ``router.max_queue``; an admin's override wins over both."""
+        # ``channel``: take deliveries over a WebSocket this agent opens to the hub
+        # (``reach.sdk.channel``), for an agent the hub cannot dial; the default when no
+        # ``addr`` is given. ``addr`` is then not served (the hub registers the channel).
+        if channel is None:
+            channel = not addr
+        if not addr and not channel:
             raise InvalidRegistration("addr is required: the host:port the agent binds to")
+        self.channel = channel
+        if channel:
+            addr, public_endpoint, allow_loopback = CHANNEL_ADDR, None, True
+        assert addr is not None
         try:
             self.declaration = RegisterRequest(
                 agent_id=agent_id,
@@ -122,6 +142,7 @@ class Agent:
                 capabilities=[c if isinstance(c, Capability) else dict(c) for c in capabilities],
                 metadata=dict(metadata or {}),
                 max_concurrency=max_concurrency,
+                max_queue=max_queue,
                 heartbeat_interval=heartbeat_interval,
                 allow_loopback=allow_loopback,
                 version=version,
@@ -176,6 +197,7 @@ class Agent:
         self._heartbeat_thread: threading.Thread | None = None
         self._server: ThreadingHTTPServer | None = None
         self._server_thread: threading.Thread | None = None
+        self._channel: AgentChannel | None = None
 
     # -- identity -----------------------------------------------------------------------
     @property
@@ -240,7 +262,11 @@ class Agent:
                 sent_at=time.time(),
             )
         try:
-            return self.hub.post("/v1/agents/heartbeat", body.model_dump(mode="json"))
+            answer, headers = self.hub.post_with_headers(
+                "/v1/agents/heartbeat", body.model_dump(mode="json")
+            )
+            liveness.note_closed(parse_closed(headers.get(CLOSED_SESSIONS_HEADER)))
+            return answer
         except UnknownInstance:
             log.warning("hub forgot %s/%s; registering again", self.agent_id, self.instance_id)
             return self.register()
@@ -296,6 +322,12 @@ class Agent:
 
         A hub that is down is waited for (heartbeats register later); a hub that refuses
         this agent's key raises ``Unauthenticated`` or ``Forbidden`` here, server closed."""
+        if self.channel:
+            from reach.sdk.channel import AgentChannel
+
+            self._channel = AgentChannel(self, self.hub.base_url, self._api_key)
+            self._channel.start()  # registers through the channel; heartbeats ride on it
+            return
         bind = parse_endpoint(self.declaration.addr)
         handler = _make_request_handler(self)
         server = (
@@ -362,6 +394,9 @@ class Agent:
         self._leave_hub()
 
     def _close_server(self) -> None:
+        if self._channel is not None:
+            self._channel.stop()
+            self._channel = None
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -427,8 +462,14 @@ class Agent:
         status: int
         reply: dict[str, Any]
         try:
+            bound = body.get("session_id")
             with trace.handling(
-                task_id, body.get("trace"), self.agent_id, self.hub.base_url, self._api_key
+                task_id,
+                body.get("trace"),
+                self.agent_id,
+                self.hub.base_url,
+                self._api_key,
+                session_id=bound if isinstance(bound, str) and bound else None,
             ):
                 value = handler(task_id, payload)
             if value is ACCEPTED:

@@ -32,6 +32,7 @@ from reach.errors import (
     DeadLettered,
     ReachError,
     ResultTimeout,
+    SessionClosed,
 )
 from reach.sdk import trace
 from reach.sdk.hub_client import HubClient
@@ -72,8 +73,16 @@ def send(
     priority: str = "online",
     hub: str | None = None,
     api_key: str | None = None,
+    callback_url: str | None = None,
+    callback_context: Any = None,
+    callback_progress: bool = False,
 ) -> Submission:
     """Submit one task; idempotent on ``task_id`` (resubmitting returns the same task).
+
+    With ``callback_url`` the hub POSTs the result there once the task ends (and each
+    progress report, with ``callback_progress``), signed: verify it with
+    `reach.verify_callback`; ``callback_context`` comes back in that body. A private or
+    loopback URL raises ``CallbackRefused`` unless the hub allows them.
 
     ``priority`` is ``"online"`` (a user waits: consumed first) or ``"background"``
     (yields while online work waits). A full target raises ``Backpressure`` (its
@@ -90,9 +99,12 @@ def send(
         "rules": rules or {},
         "task_id": task_id,
         "timeout_ms": timeout_ms,
-        "session_id": session_id,
+        "session_id": session_id or trace.session_of_current(),  # a handler's reach inherits
         "trace": trace.child_of(trace.current()),
         "priority": None if priority == "online" else priority,
+        "callback_url": callback_url,
+        "callback_context": callback_context,
+        "callback_progress": callback_progress or None,
     }
     answer = _client(hub, api_key=api_key).post(
         "/v1/tasks", {k: v for k, v in body.items() if v is not None}, keys=_SUBMITTED
@@ -187,6 +199,13 @@ def _outcome(view: dict[str, Any]) -> TaskResult:
             f"({error.get('kind')}: {error.get('message')})",
             task_id=view["task_id"],
             cause=error.get("kind"),
+        )
+    if status == "cancelled" and error.get("kind") == "session_closed":
+        raise SessionClosed(
+            str(error.get("message") or f"task {view['task_id']}: its session was closed"),
+            task_id=view["task_id"],
+            session_id=error.get("session_id"),
+            reason=error.get("reason"),
         )
     raise ReachError(f"task {view['task_id']} ended as {status}", task_id=view["task_id"])
 

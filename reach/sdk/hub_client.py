@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import requests
@@ -193,9 +194,20 @@ class HubClient:
         """DELETE ``path`` (with a JSON ``body`` naming what to remove, if given)."""
         return self._request("DELETE", path, keys, json=body)
 
+    def post_with_headers(
+        self, path: str, body: dict[str, Any]
+    ) -> tuple[dict[str, Any], Mapping[str, str]]:
+        """As `post`, with the answer's headers (a heartbeat's names closed sessions)."""
+        return self._exchange("POST", path, (), json=body)
+
     def _request(
         self, method: str, path: str, keys: tuple[str, ...], **kwargs: Any
     ) -> dict[str, Any]:
+        return self._exchange(method, path, keys, **kwargs)[0]
+
+    def _exchange(
+        self, method: str, path: str, keys: tuple[str, ...], **kwargs: Any
+    ) -> tuple[dict[str, Any], Mapping[str, str]]:
         url = self.base_url + path
         try:
             resp = self._http.request(
@@ -212,7 +224,7 @@ class HubClient:
         if resp.status_code >= 400:
             problem = _scrubbed(_json_or_empty(resp), self._api_key)
             raise _refusal(error_for_problem(problem, resp.status_code), resp.status_code)
-        return _expected(resp, keys, f"{method} {self.base_url}{path}")
+        return _expected(resp, keys, f"{method} {self.base_url}{path}"), resp.headers
 
 
 def _refusal(error: ReachError, status: int) -> ReachError:

@@ -15,6 +15,7 @@ from typing import Any
 _current: ContextVar[dict[str, Any] | None] = ContextVar("reach_trace", default=None)
 # Apart from the trace dict: that one is copied into requests and may be logged; a key never.
 _api_key: ContextVar[str | None] = ContextVar("reach_api_key", default=None)
+_session: ContextVar[str | None] = ContextVar("reach_session", default=None)
 
 
 def current() -> dict[str, Any] | None:
@@ -34,6 +35,11 @@ def api_key_of_current() -> str | None:
     return _api_key.get()
 
 
+def session_of_current() -> str | None:
+    """Inside a handler, the session its task is bound to (None: none, or not handling)."""
+    return _session.get()
+
+
 @contextmanager
 def handling(
     task_id: str,
@@ -41,9 +47,11 @@ def handling(
     agent_id: str,
     hub: str | None = None,
     api_key: str | None = None,
+    session_id: str | None = None,
 ) -> Iterator[None]:
     """Mark the current thread as handling ``task_id`` of ``agent_id`` (whose hub and API
-    key are the defaults of reaches sent from there)."""
+    key are the defaults of reaches sent from there; ``session_id``: the user session the
+    task is bound to, which `reach.session_alive` checks and nested reaches inherit)."""
     base = dict(trace or {})
     ctx = {
         "root_id": base.get("root_id") or task_id,
@@ -54,9 +62,11 @@ def handling(
     }
     token = _current.set(ctx)
     key_token = _api_key.set(api_key)
+    session_token = _session.set(session_id)
     try:
         yield
     finally:
+        _session.reset(session_token)
         _api_key.reset(key_token)
         _current.reset(token)
 

@@ -40,7 +40,21 @@ def verify_webhook(
 
     ``jwks`` is the hub's key set (``GET /.well-known/jwks.json``); given ``hub`` instead
     (its base URL), the set is fetched from there (`HubUnavailable` if it cannot be).
-    Cache the set and refetch it on an unknown ``kid``: keys rotate."""
+    Cache the set and refetch it on an unknown ``kid``: keys rotate. A signature typed
+    for another purpose (a callback's, ``reach.verify_callback``) is refused."""
+    return verify_signed(body, signature, jwks, hub=hub, typ=None)
+
+
+def verify_signed(
+    body: bytes,
+    signature: str,
+    jwks: Mapping[str, Any] | None,
+    *,
+    hub: str | None,
+    typ: str | None,
+) -> dict[str, Any]:
+    """`verify_webhook` for a signature whose protected ``typ`` must be ``typ`` (None:
+    absent): one purpose's signed body is never accepted as another's."""
     if jwks is None:
         if hub is None:
             raise ValueError("verify_webhook needs jwks or hub")
@@ -57,6 +71,10 @@ def verify_webhook(
         )
     if header.get("crit"):  # RFC 7515 §4.1.11: none are understood, so none are accepted
         raise InvalidSignature("Reach-Signature: critical header parameters are not understood")
+    if header.get("typ") != typ:
+        raise InvalidSignature(
+            f"Reach-Signature: signed for another purpose (typ {header.get('typ')!r})"
+        )
     key = _key_of(jwks, header.get("kid"))
     try:
         key.verify(sig, signing_input(protected, bytes(body)))

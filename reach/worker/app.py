@@ -7,10 +7,14 @@ hub's database through ``runtime()``.
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
+
+from celery import signals
 
 from reach.hub.context import HubContext
 from reach.hub.settings import load_settings
 from reach.worker.factory import create_celery
+from reach.worker.slots import SlotReporter, slots_of
 
 settings = load_settings()
 app = create_celery(settings)
@@ -20,3 +24,22 @@ app = create_celery(settings)
 def runtime() -> HubContext:
     """The worker's database context, built on first use (after fork, per child)."""
     return HubContext.from_settings(settings)
+
+
+_reporters: list[SlotReporter] = []
+
+
+@signals.worker_ready.connect  # type: ignore[untyped-decorator]
+def _report_slots(sender: Any = None, **_: Any) -> None:
+    """The worker's slots count toward the hub's (background's share: reach.hub.priority)."""
+    reporter = SlotReporter(
+        settings.storage.resolved_database_url, str(sender.hostname), slots_of(sender)
+    )
+    reporter.start()
+    _reporters.append(reporter)
+
+
+@signals.worker_shutdown.connect  # type: ignore[untyped-decorator]
+def _withdraw_slots(**_: Any) -> None:
+    while _reporters:
+        _reporters.pop().stop()

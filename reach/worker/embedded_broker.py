@@ -3,20 +3,39 @@
 kombu hands ``broker_transport_options`` straight to ``create_engine``, so the polling
 interval (1 s by default, which would add up to a second to every hop) is set on the
 transport class instead, and SQLite gets WAL and a busy timeout like the hub's own store.
+
+kombu's virtual channels poll their queues round robin (``FairCycle``); here every poll
+starts from the first queue consumed, so a worker started with ``reach,reach.background,
+reach.probe`` takes online work whenever there is any (Redis: ``queue_order_strategy``).
 """
 
 from __future__ import annotations
 
+from queue import Empty
 from typing import Any
 
 from kombu.transport import sqlalchemy as kombu_sqla
+from kombu.utils.scheduling import FairCycle
 from sqlalchemy import event
 from sqlalchemy.exc import IntegrityError
 
 POLLING_INTERVAL = 0.05
 
 
+class InOrder(FairCycle):
+    """A cycle whose every poll starts from the first resource: earlier queues first."""
+
+    def get(self, callback: Any, **kwargs: Any) -> Any:
+        self.pos = 0
+        return super().get(callback, **kwargs)  # type: ignore[no-untyped-call]
+
+
 class Channel(kombu_sqla.Channel):
+    def _reset_cycle(self) -> None:
+        self._cycle = InOrder(  # type: ignore[no-untyped-call]
+            self._get_and_deliver, self._active_queues, Empty
+        )
+
     def _get_or_create(self, queue: str) -> Any:
         # kombu guards queue creation with a lock of its own process only; the API, the
         # worker and beat declare the same queues at start-up, and the loser of that race

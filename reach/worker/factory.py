@@ -11,6 +11,7 @@ from typing import Any
 
 from celery import Celery
 
+from reach.core.priority import WORKER_QUEUES
 from reach.hub.settings import Settings
 from reach.worker.beat_lock import CONFIG_KEY, BeatLockConfig
 
@@ -21,8 +22,9 @@ TASK_MODULES = [
     "tasks.outbox",
     "tasks.dags",
     "tasks.webhooks",
+    "tasks.callbacks",
 ]
-QUEUES = ("reach", "reach.probe")
+QUEUES = WORKER_QUEUES  # online, background, probe: the order workers prefer them in
 BEAT_SCHEDULER = "reach.worker.beat_lock:LeasedScheduler"  # one active beat (a lease)
 EMBEDDED_TRANSPORT = "reach.worker.embedded_broker:Transport"
 WORKER_CONSUMER = "reach.worker.consumer:Consumer"
@@ -65,7 +67,12 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         config["broker_transport"] = EMBEDDED_TRANSPORT
         config["broker_url"] = broker.removeprefix("sqla+")
     if broker.startswith(("redis://", "rediss://")):
-        config["broker_transport_options"] = {"visibility_timeout": 3600}
+        # "priority": every BRPOP lists the queues in the order consumed (online first),
+        # instead of rotating the last-served queue to the back
+        config["broker_transport_options"] = {
+            "visibility_timeout": 3600,
+            "queue_order_strategy": "priority",
+        }
     if broker.startswith(("amqp://", "amqps://", "pyamqp://")):
         # publisher confirms: a publish the broker did not take (it died with the message
         # in a socket buffer, or refused it) raises, so the outbox row goes back to the

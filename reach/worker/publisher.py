@@ -9,12 +9,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from reach.core.priority import BACKGROUND_QUEUE, ONLINE_QUEUE
 from reach.hub.approval_webhook import WEBHOOK_TASK
 from reach.hub.delivery import Publish
 
 log = logging.getLogger("reach.worker.publisher")
 DELIVER_TASK = "reach.deliver"
-DELIVERY_QUEUE = "reach"
+DELIVERY_QUEUE = ONLINE_QUEUE  # online attempts, sweeps, webhooks: what every worker consumes
 _RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
 
 
@@ -28,7 +29,7 @@ class Publisher:
                 DELIVER_TASK,
                 args=[item.task_id, item.attempt_seq],
                 countdown=item.delay if item.delay > 0 else None,
-                queue=DELIVERY_QUEUE,
+                queue=item.queue,  # the task's priority: online or background
                 # nobody waits on a Celery result of a delivery (the store has the outcome);
                 # without this every publish subscribes to a result channel on Redis
                 ignore_result=True,
@@ -61,7 +62,8 @@ class Publisher:
         return True
 
     def backlog(self) -> int | None:
-        """Messages waiting in the delivery queue; None if the broker cannot say.
+        """Messages waiting in the delivery queues (online and background); None if the
+        broker cannot say. A background queue nobody declared yet counts as empty.
 
         Only asked of Redis and AMQP brokers: the embedded transport would open a new
         connection to its SQLite file on every relay tick, beside the workers' own."""
@@ -70,8 +72,24 @@ class Publisher:
         try:
             with self.app.connection_for_read() as conn:
                 conn.ensure_connection(max_retries=1, interval_start=0, timeout=1)
-                declared = conn.default_channel.queue_declare(queue=DELIVERY_QUEUE, passive=True)
-                return int(declared.message_count)
+                total = _depth(conn, DELIVERY_QUEUE)
+                try:
+                    total += _depth(conn, BACKGROUND_QUEUE)
+                except Exception as exc:  # not declared yet (AMQP: NOT_FOUND)
+                    log.debug("background queue depth unknown: %s", exc)
+                return total
         except Exception as exc:
             log.debug("delivery queue depth unknown: %s", exc)
             return None
+
+
+def _depth(conn: Any, queue: str) -> int:
+    """One queue's depth on a channel of its own (a refused passive declare closes it)."""
+    channel = conn.channel()
+    try:
+        return int(channel.queue_declare(queue=queue, passive=True).message_count)
+    finally:
+        try:
+            channel.close()
+        except Exception as exc:  # already closed by the broker's refusal
+            log.debug("channel not closed: %s", exc)

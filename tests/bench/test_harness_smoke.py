@@ -12,9 +12,11 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from bench.flow import FLOW
 from bench.report import SCENARIOS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,3 +79,68 @@ def test_fault_run_callers_all_get_a_definitive_answer(smoke: dict[str, object])
     # the outage was seen: the agent's timeline has requests before it and none is lost
     assert fault["normal_rate"] > 0
     assert len(fault["timeline_per_s"]) >= fault["outage_to_s"]
+
+
+def _flow(smoke: dict[str, object], name: str) -> dict[str, Any]:
+    flow = smoke["flow"]
+    assert isinstance(flow, dict) and set(flow) == set(FLOW), flow
+    row: dict[str, Any] = flow[name]
+    return row
+
+
+def test_flow_control_scenarios_are_reported(smoke: dict[str, object]) -> None:
+    for name in FLOW:
+        assert _flow(smoke, name)["lost"] == 0, name
+        assert f"| {name} |" in str(smoke["_stdout"])
+    assert "retry_storm.png" in smoke["_files"]  # type: ignore[operator]
+    names = {t["name"] for t in smoke["targets"]}  # type: ignore[attr-defined]
+    assert any(n.startswith("retry storm:") for n in names)
+    assert any(n.startswith("backpressure:") for n in names)
+
+
+def test_retry_storm_ends_every_accepted_reach_and_dead_letters_none_for_the_breaker(
+    smoke: dict[str, object],
+) -> None:
+    storm = _flow(smoke, "retry_storm")
+    assert storm["dead_lettered_breaker"] == 0, storm["dead_letter_kinds"]
+    assert storm["not_ended"] == 0 and storm["lost"] == 0, storm["send_outcomes"]
+    outcomes = storm["send_outcomes"]
+    assert outcomes.get("success", 0) > 0, outcomes
+    # every send got a definitive answer: a success, a refusal or a stated failure
+    assert all(k == "success" or k.startswith(("refused:", "failed:")) for k in outcomes), outcomes
+    # the agent was reached before the outage and counted through it (over HTTP)
+    assert storm["normal_rate"] > 0
+    assert len(storm["timeline_per_s"]) > storm["outage_to_s"]
+
+
+def test_loop_stops_at_the_first_repeat_and_raises_the_alert(smoke: dict[str, object]) -> None:
+    loop = _flow(smoke, "loop")
+    assert loop["tasks_created"] <= 3, loop
+    assert loop["stopped_at_first_repeat"], loop
+    assert "loop-a" in loop["loop_message"], loop["loop_message"]
+    assert loop["root_outcome"] != "success"  # the root ends with the loop as its failure
+    assert loop["alert_raised"], loop
+    assert loop["alert_root_outcomes"] == {"success": 2 * loop["alert_roots"]}
+
+
+def test_priority_run_completes_online_and_background(smoke: dict[str, object]) -> None:
+    prio = _flow(smoke, "priority")
+    assert prio["unloaded"]["errors"] == 0 and prio["loaded"]["errors"] == 0, prio
+    assert prio["unloaded"]["requests"] > 0 and prio["loaded"]["requests"] > 0
+    assert prio["background_statuses"] == {"success": prio["background_submitted"]}, prio
+
+
+def test_backpressure_accepted_all_complete_and_refusals_say_when(
+    smoke: dict[str, object],
+) -> None:
+    bp = _flow(smoke, "backpressure")
+    assert bp["accepted"] > 0 and bp["accepted_not_completed"] == 0, bp["statuses"]
+    assert bp["refused_backpressure"] > 0 and bp["refused_other"] == {}, bp
+    assert bp["refusals_unusable"] == 0, bp["unusable_example"]
+    assert bp["retry_after_ms_min"] > 0 and bp["retry_after_ms_max"] <= 60_000
+    assert bp["limit_seen"] == [bp["max_queue"]] == [100]
+    assert bp["depth_max"] >= bp["max_queue"]
+    # the SDK raises reach.Backpressure carrying the figures, and a caller that honours
+    # retry_after_ms gets its task in
+    assert bp["sdk"]["raised"] == "Backpressure" and bp["sdk"]["retry_after_ms"] > 0, bp["sdk"]
+    assert bp["polite_caller"]["accepted"], bp["polite_caller"]

@@ -95,3 +95,49 @@ def test_targets_are_judged_against_the_issue() -> None:
     assert verdicts["in-flight run wall time s"] is True
     assert verdicts["fault: peak rate at failing agent ÷ normal"] is True
     assert verdicts["fault run lost tasks"] is False  # one lost is one too many
+
+
+def _flow() -> dict[str, Any]:
+    return {
+        "retry_storm": {
+            "callers": 5, "offered_rate": 10.0, "rereach": 3, "phases_s": [10, 40, 15],
+            "normal_rate": 10.0, "outage_mean_rate": 4.0, "outage_to_normal": 0.4,
+            "outage_peak_rate": 13, "dead_lettered": 2, "dead_lettered_breaker": 1,
+            "refusal_p50_ms": 8.0, "refusal_p99_ms": 40.0, "accepted_p50_ms": 20.0,
+            "accepted_p99_ms": 30_000.0, "answered_after_recovery_s": 12.0,
+            "trial_interval_s": 30.0, "not_ended": 0, "send_outcomes": {"success": 9},
+        },
+        "loop": {
+            "alert_roots": 5, "alert_threshold": 3, "tasks_created": 2,
+            "stopped_at_first_repeat": True, "stop_s": 0.4, "root_outcome": "BusinessError",
+            "alert_raised": False, "alert_metric": 0.0, "alert_links_suspected": [], "lost": 0,
+        },
+        "priority": {
+            "online_rate": 20.0, "background_rate": 24.0, "background_latency_s": 0.25,
+            "unloaded": _row(10.0, 30.0), "loaded": _row(15.0, 75.0), "p99_ratio": 2.5,
+            "background_backlog_at_start": 20, "background_backlog_at_end": 40, "lost": 0,
+        },
+        "backpressure": {
+            "offered_rate": 100.0, "duration_s": 30.0, "agent_latency_s": 0.2,
+            "max_queue": 100, "accepted": 700, "accepted_completed": 700,
+            "accepted_not_completed": 0, "refused_backpressure": 2300,
+            "retry_after_ms_min": 600.0, "retry_after_ms_max": 5000.0, "refusals_unusable": 0,
+            "idle_rss_mb": 800.0, "peak_rss_mb": 820.0, "rss_growth_mb": 20.0, "lost": 0,
+        },
+    }  # fmt: skip
+
+
+def test_flow_control_rows_and_targets() -> None:
+    result = {**_result(), "flow": _flow()}
+    text = markdown({**result, "targets": [t.as_dict() for t in targets(result)]})
+    for name in ("retry_storm", "loop", "priority", "backpressure"):
+        assert f"| {name} |" in text
+    verdicts = {t.name: t.met for t in targets(result)}
+    assert verdicts["retry storm: failing agent's rate during the outage ÷ normal"] is True
+    assert verdicts["retry storm: tasks dead-lettered because the breaker was open"] is False
+    assert verdicts["retry storm: refusals (circuit open, backpressure) p99 ms"] is True
+    assert verdicts["loop: tasks created by a two-agent loop"] is True
+    assert verdicts["loop: dependency-loop alert raised (1 = yes)"] is False
+    assert verdicts["priority: online p99 under a background flood ÷ unloaded"] is False
+    assert verdicts["backpressure: accepted tasks not completed"] is True
+    assert verdicts["backpressure: hub RSS growth during the flood, MB"] is True

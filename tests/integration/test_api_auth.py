@@ -456,7 +456,7 @@ def test_another_callers_task_is_not_found(hub: Hub) -> None:
     k = hub.keys
     task_id = submit(hub, k.caller)
     fake = "t-" + uuid.uuid4().hex
-    for suffix in ("", "/events", "?wait=0.2"):
+    for suffix in ("", "/events", "?wait=0.2", "/stream"):  # the stream reads as the task does
         before = snapshot(hub.engine)
         answer = hub.call("GET", f"/v1/tasks/{task_id}{suffix}", k.caller2)
         found = assert_problem(hub, answer, 404, "unknown-task")
@@ -489,6 +489,8 @@ def test_another_callers_dag_run_is_not_found(hub: Hub) -> None:
         hub, hub.call("GET", f"/api/v1/dag-runs/{fake}", k.caller2), 404, "unknown-task"
     )
     same_but_ids(found, unknown, run_id, fake)
+    streamed = hub.call("GET", f"/api/v1/dag-runs/{run_id}/stream", k.caller2)
+    assert_problem(hub, streamed, 404, "unknown-task")  # the stream reads as the run does
     for key in (k.caller, k.admin, k.viewer):
         assert hub.call("GET", f"/api/v1/dag-runs/{run_id}", key).status_code == 200
 

@@ -19,6 +19,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, func, select
 
+from reach.hub.admission import ENVELOPE_BYTES
 from reach.hub.api import HubContext, create_app
 from reach.hub.clock import ManualClock
 from reach.hub.settings import load_settings
@@ -27,7 +28,8 @@ from reach.hub.storage.models import OutboxRow, TaskEventRow, TaskRow
 from tests.conftest import snapshot
 from tests.integration.test_registry_api import PROBLEM, TYPE, reg
 
-LIMIT = 1_048_576  # server.max_body_bytes by default
+# the body limit by default: router.max_payload_bytes plus the envelope (admission.body_limit)
+LIMIT = 1_048_576 + ENVELOPE_BYTES
 BIG = "x" * (LIMIT + 1024)
 # a request that fails validation is a 422 of its resource's kind (registration, task,
 # DAG); which slug each resource uses is problems.py's business, that it is one is ours

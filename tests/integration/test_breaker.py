@@ -158,13 +158,17 @@ def test_failures_open_the_breaker_and_a_successful_trial_closes_it(
     assert refused.value.headers() == {"Retry-After": "30"}
     assert snapshot(engine) == untouched
 
-    # retries of accepted tasks find no route: the agent hears nothing
+    # retries of accepted tasks find no route only because the breaker is open: they wait
+    # for its trial without spending a retry (issue 14), and the agent hears nothing
     hub.clock.advance(1)
     first = retries[0]
     assert first is not None
     again = hub.deliver(first.task_id, first.attempt_seq)
     assert again is not None and sum(failing.calls.values()) == 3
-    assert hub.task_events(first.task_id)[-1].detail["reason"] == "no_route"
+    waited = hub.task_events(first.task_id)[-1].detail
+    assert waited["reason"] == "breaker_open" and waited["breaker_wait"] is True
+    assert waited["next_trial_at"] == opened_at + 30
+    assert again.delay >= opened_at + 30 - hub.clock.now()
 
     # the trial is due: submits are accepted again, one delivery is the trial, it fails
     hub.at(opened_at + 30)

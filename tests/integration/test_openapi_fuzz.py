@@ -27,6 +27,7 @@ from schemathesis.generation.modes import GenerationMode
 from schemathesis.generation.stateful.state_machine import APIStateMachine
 from sqlalchemy import Engine
 
+from reach.errors import LoopDetected
 from reach.hub.api import HubContext, create_app
 from reach.hub.clock import ManualClock
 from reach.hub.settings import load_settings
@@ -36,7 +37,7 @@ pytestmark = pytest.mark.parametrize(
 )
 
 EXAMPLES = int(os.environ.get("REACH_FUZZ_EXAMPLES", "25"))
-SCENARIOS = int(os.environ.get("REACH_FUZZ_SCENARIOS", "60"))
+SCENARIOS = int(os.environ.get("REACH_FUZZ_SCENARIOS", "90"))
 STEPS = int(os.environ.get("REACH_FUZZ_STEPS", "8"))
 MAX_WAIT_S = 0.05  # long-polls are exercised, but never held for their full minute
 FUZZ = settings(
@@ -81,10 +82,16 @@ def _steered(path: str, body: dict[str, Any]) -> dict[str, Any] | None:
     """The same generated body aimed at the registered agent (None: nothing to aim)."""
     if path == "/v1/agents/register":
         port = 1024 + zlib.crc32(repr(body).encode()) % 60_000  # the same on every replay
-        return {**body, "addr": f"127.0.0.1:{port}", "allow_loopback": True}
+        return {**body, "addr": f"127.0.0.1:{port}", "allow_loopback": True} | {
+            "public_endpoint": None
+        }
     if path == "/v1/tasks":
+        # no callback (a generated URL is refused: SSRF) and no trace (a generated one
+        # may claim 800 hops: a loop refusal) -- both are fuzzed unsteered
         return {**body, "agent_id": AGENT, "method": METHOD, "tags": [], "rules": {}} | {
-            "capability": None
+            "capability": None,
+            "callback_url": None,
+            "trace": None,
         }
     if path == "/v1/broadcasts":
         return {**body, "capability": METHOD, "method": METHOD, "tags": [], "rules": {}}
@@ -117,6 +124,19 @@ def _schema(app: FastAPI) -> Any:
     return schema
 
 
+def _server_error(response: Any) -> bool:
+    """A 5xx that is not one of the hub's stated refusals: 508 is how a dependency loop
+    (or a chain past ``router.max_hops``) is refused, by design, not a fault."""
+    if response.status_code < 500:
+        return False
+    if response.status_code == 508:
+        try:
+            return bool(response.json().get("type") != LoopDetected.problem_type())
+        except ValueError:
+            return True
+    return True
+
+
 def _fail_message(case: Any, response: Any) -> str:
     return (
         f"{case.method} {case.formatted_path} query={case.query} body={case.body!r}"
@@ -139,7 +159,7 @@ def test_no_operation_answers_5xx(app: FastAPI) -> None:
             _short_waits(case)
             response = case.call()
             seen[(case.operation.label, response.status_code // 100)] += 1
-            if response.status_code >= 500:
+            if _server_error(response):
                 failures.append(_fail_message(case, response))
 
         run()
@@ -151,8 +171,12 @@ def test_no_operation_answers_5xx(app: FastAPI) -> None:
 
 def test_linked_sequences_never_answer_5xx(app: FastAPI) -> None:
     # The admin's allow-list, trust and audit operations link nowhere; fuzzed one by one
-    # above, here they would only dilute the walk through the linked resources.
-    schema = _schema(app).exclude(path_regex=r"/(allow|trust|audit)$")
+    # above, here they would only dilute the walk through the linked resources. A progress
+    # stream lasts as long as its task: fuzzed one by one above, never walked into here;
+    # nor are the sessions, queue bounds, link views and approvals, which link nowhere.
+    schema = _schema(app).exclude(
+        path_regex=r"/(allow|trust|audit|stream|max-queue|links)$|^/v1/sessions/|^/api/v1/approvals"
+    )
     base: type[APIStateMachine] = schema.as_state_machine()
     followed: Counter[str] = Counter()
     failures: list[str] = []
@@ -163,9 +187,10 @@ def test_linked_sequences_never_answer_5xx(app: FastAPI) -> None:
 
         def validate_response(self, response: Any, case: Any, **kwargs: Any) -> None:
             followed[f"{case.operation.label} {response.status_code // 100}xx"] += 1
-            if response.status_code >= 500:
+            if _server_error(response):
                 failures.append(_fail_message(case, response))
-            case.validate_response(response, checks=[not_a_server_error])
+            if response.status_code != 508 or _server_error(response):
+                case.validate_response(response, checks=[not_a_server_error])
 
     Machine.run(settings=settings(FUZZ, max_examples=SCENARIOS, stateful_step_count=STEPS))
     assert not failures, "\n".join(failures[:20])

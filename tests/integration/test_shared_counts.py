@@ -7,8 +7,9 @@ from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from reach.hub.shared_counts import SharedCounts, window_start
-from reach.hub.storage import session_factory
+from reach.hub.storage import read_session_factory, session_factory
 from reach.hub.storage.models import FlowCountRow
+from tests.conftest import wait_until
 
 
 @pytest.fixture
@@ -17,12 +18,15 @@ def sessions(engine: Engine) -> sessionmaker[Session]:
 
 
 def test_two_handles_share_one_window(sessions: sessionmaker[Session]) -> None:
-    a, b = SharedCounts(sessions, flush_every=0.0), SharedCounts(sessions, flush_every=0.0)
+    a = SharedCounts(sessions, flush_every=0.0, background=False)
+    b = SharedCounts(sessions, flush_every=0.0, background=False)
     for i in range(5):
         a.add("requests", "orders", 1000.0 + i)
     for i in range(3):
         b.add("requests", "orders", 1002.0 + i)
     b.add("requests", "other", 1003.0)
+    a.flush(1004.5, force=True)
+    b.flush(1004.5, force=True)
     assert a.total("requests", "orders", 1004.5, window_s=10) == 8
     # a window of two seconds sees only buckets 1003 and 1004
     assert b.total("requests", "orders", 1004.5, window_s=2) == 4
@@ -34,12 +38,14 @@ def test_two_handles_share_one_window(sessions: sessionmaker[Session]) -> None:
 
 
 def test_unflushed_increments_count_for_their_own_process(sessions: sessionmaker[Session]) -> None:
-    slow = SharedCounts(sessions, flush_every=3600.0, read_ttl=0.0)
-    slow.add("retries", "t", 10.0)  # the first add flushes (nothing flushed yet)
+    slow = SharedCounts(sessions, read_ttl=0.0, background=False)
+    slow.add("retries", "t", 10.0)
+    slow.flush(10.0)  # the first flush is due at once
     slow.add("retries", "t", 10.5)
     slow.add("retries", "t", 11.0)
     assert slow.total("retries", "t", 11.0, 10) == 3
-    other = SharedCounts(sessions, read_ttl=0.0)
+    slow.flush(10.9)  # not due yet (flush_every 1 s): nothing written
+    other = SharedCounts(sessions, read_ttl=0.0, background=False)
     assert other.total("retries", "t", 11.0, 10) == 1  # the rest is still in slow's buffer
     slow.flush(11.0, force=True)
     assert other.total("retries", "t", 11.0, 10) == 3
@@ -51,3 +57,23 @@ def test_window_start_covers_whole_seconds() -> None:
     assert window_start(100.2, 10) == 91
     assert window_start(100.0, 1) == 100
     assert window_start(100.0, 0.5) == 100  # never less than the current second
+
+
+def test_the_flusher_thread_writes_without_the_caller_and_inside_its_transaction(
+    sessions: sessionmaker[Session],
+) -> None:
+    """A caller inside its own write transaction (a delivery's claim) adds and reads: on
+    SQLite a flush in its thread would wait for the lock it holds itself."""
+    reads = read_session_factory(sessions.kw["bind"])
+    counts = SharedCounts(sessions, read_sessions=reads, flush_every=0.05, read_ttl=0.0)
+    with sessions.begin() as held:
+        held.execute(select(FlowCountRow).limit(1))
+        held.add(FlowCountRow(name="held", key="k", bucket=1, count=1))
+        held.flush()
+        counts.add("requests", "agent", 500.0)
+        assert counts.total("requests", "agent", 500.0, 10) == 1  # its own, unflushed
+    reader = SharedCounts(sessions, read_ttl=0.0, background=False)
+    try:
+        wait_until(lambda: reader.total("requests", "agent", 500.0, 10) == 1, 10, what="flush")
+    finally:
+        counts.close()

@@ -13,7 +13,10 @@ from reach.core.breaker import (
     FailureWindow,
     Transition,
     counts_as_success,
+    retry_at,
+    routable,
     state,
+    trips,
 )
 from reach.core.retry import Outcome
 from reach.hub.breakers import Breakers, Ticket
@@ -275,3 +278,77 @@ def test_forget_resets_the_window() -> None:
         breakers.record(ticket(), False, 0.0, SMALL)
     breakers.forget("i-1")
     assert breakers.record(ticket(), False, 0.0, SMALL) is None
+
+
+# -- hub-wide windows: the rule over summed counts (issue 14) -------------------------------
+
+
+@pytest.mark.parametrize(
+    ("failures", "total", "policy", "opens"),
+    [
+        (3, 3, SMALL, False),  # below min_volume: never, whatever the ratio
+        (4, 4, SMALL, True),
+        (3, 4, SMALL, True),  # 75 %
+        (2, 4, SMALL, False),  # exactly the ratio: not strictly above
+        (3, 6, SMALL, False),
+        (4, 7, SMALL, True),  # 57 %
+        (0, 0, SMALL, False),
+        (20, 20, BreakerPolicy(min_volume=0), False),  # disabled
+        (20, 39, BreakerPolicy(), True),  # the defaults: 20 answers, > 50 %
+        (19, 19, BreakerPolicy(), False),
+    ],
+)
+def test_trips_on_summed_counts(
+    failures: int, total: int, policy: BreakerPolicy, opens: bool
+) -> None:
+    got = trips(failures, total, policy)
+    assert (got == Transition(BreakerState.OPEN, failures, total)) if opens else got is None
+
+
+@pytest.mark.parametrize(("failures", "total"), [(-1, 3), (1, -1), (4, 3), (True, 3)])
+def test_trips_refuses_impossible_counts(failures: int, total: int) -> None:
+    with pytest.raises(ValueError):
+        trips(failures, total, SMALL)
+
+
+def test_the_window_and_the_summed_rule_agree() -> None:
+    """FailureWindow is the same rule applied to its own buckets."""
+    for pattern in ([False] * 4, [True, False, False, False], [True, True, False, False]):
+        window = FailureWindow(SMALL)
+        verdicts = [window.record(ok, 0.0) for ok in pattern]
+        failures = pattern.count(False)
+        assert verdicts[-1] == trips(failures, len(pattern), SMALL)
+
+
+@pytest.mark.parametrize(
+    ("verdict_routable", "failing_only", "breaker", "expected"),
+    [
+        (True, False, BreakerState.CLOSED, True),
+        (False, True, BreakerState.CLOSED, False),  # failing, no trial: out
+        (True, False, BreakerState.OPEN, False),
+        (False, True, BreakerState.OPEN, False),
+        (True, False, BreakerState.TRIAL_DUE, True),
+        (False, True, BreakerState.TRIAL_DUE, True),  # a due trial overrides "failing"
+        (False, False, BreakerState.TRIAL_DUE, False),  # offline / unreachable: no trial
+    ],
+)
+def test_routable(
+    verdict_routable: bool, failing_only: bool, breaker: BreakerState, expected: bool
+) -> None:
+    assert routable(verdict_routable, failing_only, breaker) is expected
+
+
+@pytest.mark.parametrize(
+    ("open_until", "expected"),
+    [
+        ([], None),  # no live instance: not the breakers' doing
+        ([None], None),  # a closed breaker: something else holds it out
+        ([120.0, None], None),
+        ([120.0], 120.0),  # wait for the next trial
+        ([150.0, 120.0], 120.0),  # the earliest of them
+        ([100.0], 101.0),  # due, claimed by another delivery: look again shortly
+        ([90.0, 130.0], 101.0),
+    ],
+)
+def test_retry_at(open_until: list[float | None], expected: float | None) -> None:
+    assert retry_at(open_until, 100.0, 1.0) == expected

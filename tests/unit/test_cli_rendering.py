@@ -211,3 +211,9 @@ def test_audit_tables_show_each_identity_and_the_audit_log_only_when_it_has_rows
     _, log = audit_tables(trail)
     text = _text(log)
     assert "agent:plug" in text and "refused" in text and '"stage": "submit"' in text
+
+
+def test_task_lines_show_the_priority() -> None:
+    task = {"task_id": "t1", "status": "pending", "method": "m", "agent_id": "a",
+            "attempt_seq": 1, "retries": 0, "priority": "background"}  # fmt: skip
+    assert task_lines(task)[0].endswith("retries=0  priority=background")

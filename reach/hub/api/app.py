@@ -15,17 +15,23 @@ from sqlalchemy.orm import Session
 
 from reach.core.auth import Action, Principal, auth_required
 from reach.core.health import InstanceStatus
-from reach.hub import approvals, metrics, monitoring, registry, signing
+from reach.hub import admission, approvals, loops, metrics, monitoring, registry, sessions, signing
 from reach.hub.api import links
+from reach.hub.api.admission import MemoryAdmissionMiddleware
 from reach.hub.api.auth import AuthMiddleware, demand_agent, require
 from reach.hub.api.problems import BodyLimitMiddleware, install_problem_handlers
 from reach.hub.api.routes.agents_admin import agents_admin_router
 from reach.hub.api.routes.approvals import approval_router
 from reach.hub.api.routes.audit import audit_router
 from reach.hub.api.routes.broadcasts import broadcast_router
+from reach.hub.api.routes.channel import channel_router
 from reach.hub.api.routes.dagruns import dag_router
+from reach.hub.api.routes.sessions import session_router
+from reach.hub.api.routes.streams import dag_stream_router, stream_router
 from reach.hub.api.routes.tasks import dead_letter_router, task_router
 from reach.hub.context import HubContext
+from reach.hub.memory import MemoryGauge
+from reach.hub.streams import StreamHub
 from reach.hub.wakeups import Waiters
 from reach.schemas import (
     DeregisterRequest,
@@ -60,6 +66,7 @@ def create_app(
         security, server = ctx.settings.security, ctx.settings.server
         require_auth = auth_required(security.require_auth, server.host)
     waiters = Waiters()
+    stream_hub = StreamHub(ctx, waiters)  # progress streams share one feed per task
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -78,7 +85,12 @@ def create_app(
     app.state.ctx = ctx
     app.state.require_auth = require_auth
     install_problem_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=ctx.settings.server.max_body_bytes)
+    # the body limit covers the payload cap (reach.hub.admission.body_limit); memory
+    # admission refuses a submit before its body is read
+    app.add_middleware(BodyLimitMiddleware, max_bytes=admission.body_limit(ctx.settings))
+    server = ctx.settings.server
+    gauge = MemoryGauge.configured(server.memory_limit_bytes, server.memory_admission_ratio)
+    app.add_middleware(MemoryAdmissionMiddleware, gauge=gauge)
     # added last, so outermost: a request without a valid credential is refused before
     # its body is read
     app.add_middleware(AuthMiddleware, ctx=ctx, require_auth=require_auth)
@@ -86,13 +98,17 @@ def create_app(
     app.include_router(_jwks_router(ctx))  # every surface: agents verify with these keys
     if surface in (Surface.ALL, Surface.PUBLIC):
         app.include_router(_agent_router(ctx))
+        app.include_router(channel_router(ctx, require_auth))  # agents behind NAT
         app.include_router(task_router(ctx, waiters))
         app.include_router(broadcast_router(ctx, waiters))
+        app.include_router(stream_router(ctx, stream_hub))
+        app.include_router(session_router(ctx))
     if surface in (Surface.ALL, Surface.ADMIN):
         app.include_router(_admin_router(ctx))
         app.include_router(_metrics_router(ctx))
         app.include_router(dead_letter_router(ctx))
         app.include_router(dag_router(ctx))
+        app.include_router(dag_stream_router(ctx, stream_hub))
         app.include_router(agents_admin_router(ctx))
         app.include_router(audit_router(ctx))
         app.include_router(approval_router(ctx))
@@ -142,13 +158,17 @@ def _agent_router(ctx: HubContext) -> APIRouter:
 
     @router.post("/heartbeat", response_model=HeartbeatResponse, responses={404: {}})
     def heartbeat(
-        body: HeartbeatRequest, request: Request, principal: ActsAsAgent
+        body: HeartbeatRequest, request: Request, response: Response, principal: ActsAsAgent
     ) -> HeartbeatResponse:
         demand_agent(request, principal, body.agent_id, Action.ACT_AS_AGENT)
 
         def work(session: Session) -> HeartbeatResponse:
             row = registry.heartbeat(session, body, ctx.clock.now(), ctx.policy)
             metrics.HEARTBEATS_TOTAL.inc()
+            now = ctx.clock.now()
+            response.headers.update(
+                sessions.closed_header(session, body.agent_id, body.instance_id, now)
+            )
             return HeartbeatResponse(status=row.status, next_heartbeat_in=row.heartbeat_interval)
 
         return ctx.write(work)
@@ -217,6 +237,14 @@ def _admin_router(ctx: HubContext) -> APIRouter:
     @router.get("/agents/{agent_id}", responses={404: {}})
     def get_agent(agent_id: str) -> dict[str, Any]:
         with ctx.reading() as session:
-            return registry.get_agent(session, agent_id, ctx.clock.now(), ctx.policy)
+            view = registry.get_agent(session, agent_id, ctx.clock.now(), ctx.policy)
+            view["queue"] = admission.queue_view(session, agent_id, ctx.settings.router.max_queue)
+            return view
+
+    @router.get("/links")
+    def agent_links() -> dict[str, Any]:
+        """Agent links suspected of a dependency loop (`reach.hub.loops`), demoted first."""
+        with ctx.reading() as session:
+            return {"links": loops.list_links(session, ctx.clock.now())}
 
     return router

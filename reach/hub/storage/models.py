@@ -19,6 +19,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
     text,
     true,
 )
@@ -158,6 +159,8 @@ class TaskRow(Base):
         Index("ix_tasks_status_next_attempt", "status", "next_attempt_at"),
         Index("ix_tasks_agent_status", "agent_id", "status"),  # an agent's queue depth
         Index("ix_tasks_session_status", "session_id", "status"),  # a closed session's reaches
+        # is online work waiting? (``reach.hub.priority``, asked by background deliveries)
+        Index("ix_tasks_priority_status", "priority", "status", "next_attempt_at"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -426,3 +429,26 @@ class AgentLinkRow(Base):
     suspected_at: Mapped[float | None] = mapped_column(Double, nullable=True)
     demoted_until: Mapped[float | None] = mapped_column(Double, nullable=True)
     detail: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+
+
+class CallbackRow(Base):
+    """A POST of a task's result (or one progress event) to the caller's callback URL:
+    ``waiting`` until the task ends, then ``due`` -> ``delivered`` or ``dead``."""
+
+    __tablename__ = "callbacks"
+    __table_args__ = (Index("ix_callbacks_status_next", "status", "next_attempt_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(String(128), index=True)
+    kind: Mapped[str] = mapped_column(String(16), default="result", server_default="result")
+    event_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    url: Mapped[str] = mapped_column(Text)
+    context: Mapped[Any] = mapped_column(JSON, nullable=True)
+    body: Mapped[Any] = mapped_column(JSON, nullable=True)  # a progress row's report
+    progress: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    status: Mapped[str] = mapped_column(String(16))  # waiting | due | delivered | dead
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    next_attempt_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[float] = mapped_column(Double)
+    delivered_at: Mapped[float | None] = mapped_column(Double, nullable=True)

@@ -29,6 +29,7 @@ parser.add_argument("--max-concurrency", type=int, default=8)
 parser.add_argument("--heartbeat-interval", type=float, default=0.5)
 parser.add_argument("--forward-to", default="recorder")
 parser.add_argument("--report-after", type=float, default=0.3)
+parser.add_argument("--max-queue", type=int, default=None, help="declared queue bound")
 args = parser.parse_args()
 
 agent = reach.Agent(
@@ -41,6 +42,7 @@ agent = reach.Agent(
     max_concurrency=args.max_concurrency,
     heartbeat_interval=args.heartbeat_interval,
     hub=args.hub,
+    max_queue=args.max_queue,
 )
 lock = threading.Lock()
 faulthandler.register(signal.SIGUSR1)  # dump every thread on demand (debugging hangs)

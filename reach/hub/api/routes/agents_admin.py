@@ -1,4 +1,4 @@
-"""Admin endpoints on agents: the trust level and the L3 allow-list.
+"""Admin endpoints on agents: the trust level, the L3 allow-list and the queue bound.
 
 An agent never declares its own trust: these are the only ways to set it, each change
 audited with the admin's identity and the old and new values (`reach.hub.trust`).
@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from reach.core.auth import Action, Principal
 from reach.core.trust import TrustLevel
-from reach.hub import trust
+from reach.hub import admission, trust
 from reach.hub.api.auth import require
 from reach.hub.context import HubContext
 from reach.hub.trust import MAX_RULE_VALUE, RuleKind
@@ -27,6 +27,18 @@ class SetTrust(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     level: TrustLevel = Field(description="L1 (mutual TLS), L2 (the default) or L3 (allow-list)")
+
+
+class SetMaxQueue(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_queue: int | None = Field(
+        ...,
+        ge=1,
+        le=10_000_000,
+        strict=True,
+        description="pending + in-flight tasks the agent may hold (429 past it); null: clear",
+    )
 
 
 class AllowRule(BaseModel):
@@ -65,6 +77,21 @@ def agents_admin_router(ctx: HubContext) -> APIRouter:
         return ctx.write(
             lambda s: trust.set_trust(
                 s, agent_id, body.level, actor=principal.identity, now=ctx.clock.now()
+            )
+        )
+
+    @router.put("/{agent_id}/max-queue", responses={404: {}, 422: {}})
+    def set_max_queue(agent_id: str, body: SetMaxQueue, principal: Administers) -> dict[str, Any]:
+        """Override the agent's queue bound (null: back to its declaration or the router's
+        ``max_queue``); audited. Takes effect on the next submit, on every API replica."""
+        return ctx.write(
+            lambda s: admission.set_override(
+                s,
+                agent_id,
+                body.max_queue,
+                actor=principal.identity,
+                now=ctx.clock.now(),
+                default=ctx.settings.router.max_queue,
             )
         )
 

@@ -13,7 +13,7 @@ from starlette.concurrency import run_in_threadpool
 from reach.core.auth import Action, Principal, may_read_task
 from reach.core.statuses import TERMINAL
 from reach.errors import TaskConflict, UnknownTask
-from reach.hub import broadcast
+from reach.hub import admission, broadcast
 from reach.hub.api import links
 from reach.hub.api.auth import not_yours, require
 from reach.hub.api.longpoll import long_poll
@@ -32,6 +32,7 @@ Reads = Annotated[Principal, Depends(require(Action.READ_TASK))]
 
 def broadcast_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
     router = APIRouter(prefix="/v1/broadcasts", tags=["broadcasts"])
+    limits = admission.Limits.of(ctx.settings)
 
     @router.post(
         "",
@@ -50,6 +51,7 @@ def broadcast_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRout
                 caller=principal.identity,
                 l3_cap=ctx.settings.security.l3_max_payload_bytes,
                 approval=ctx.approval_policy,
+                limits=limits,
             )
             return row.broadcast_id, [t["task_id"] for t in row.targets]
 

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from reach.core.auth import HUB, Action, Principal, Scope, may_act_for, may_read_task
+from reach.core.priority import queue_for
 from reach.core.statuses import TERMINAL, TaskStatus
 from reach.errors import (
     Forbidden,
@@ -21,7 +22,7 @@ from reach.errors import (
     TaskConflict,
     UnknownTask,
 )
-from reach.hub import deadletters, delivery, submission
+from reach.hub import admission, callbacks, deadletters, delivery, loops, submission
 from reach.hub.api import links
 from reach.hub.api.auth import not_yours, require
 from reach.hub.api.longpoll import long_poll
@@ -44,11 +45,16 @@ Administers = Annotated[Principal, Depends(require(Action.ADMINISTER))]
 
 def task_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
     router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
+    limits = admission.Limits.of(ctx.settings)
+    loop_guard = loops.LoopGuard.of(ctx.settings.router, ctx.shared_counts)
 
     @router.post(
         "",
         status_code=201,
-        responses={**links.responses(links.SUBMITTED, 200, 201), 404: {}, 409: {}, 422: {}},
+        responses={
+            **links.responses(links.SUBMITTED, 200, 201),
+            **{code: {} for code in (404, 409, 413, 422, 429, 503, 508)},
+        },
     )
     async def submit(
         body: SubmitRequest,
@@ -63,9 +69,12 @@ def task_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
         handler (the trace's path ends with an agent it speaks for) sends as that agent."""
         path = body.trace.path if body.trace else []
         submitter = principal.acting_as(path[-1] if path else None)
+        if body.callback_url:  # SSRF guard, before anything is written (resolves: a thread)
+            await run_in_threadpool(callbacks.check_url, body.callback_url, ctx.settings.callbacks)
 
         def accept() -> tuple[dict[str, Any], bool] | ReachError:
             attempts = 0
+            guard = loop_guard.for_reach(submitter.identity, body, ctx.clock.now())
 
             def work(session: Session) -> tuple[dict[str, Any], bool] | ReachError:
                 nonlocal attempts
@@ -81,11 +90,16 @@ def task_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
                         caller=submitter.identity,
                         l3_cap=ctx.settings.security.l3_max_payload_bytes,
                         approval=ctx.approval_policy,
+                        limits=limits,
+                        loop_guard=guard,
                     )
                 except (Forbidden, RequestTooLarge) as refused:
                     return refused  # an L3 refusal: commit its audit row, then raise it
 
-            return ctx.write(work, conflict=TaskConflict)
+            done = ctx.write(work, conflict=TaskConflict)
+            if not isinstance(done, ReachError) and done[1]:
+                guard.counted(ctx.clock.now())  # an agent-pair count, outside the transaction
+            return done
 
         accepted = await run_in_threadpool(accept)
         if isinstance(accepted, ReachError):
@@ -94,9 +108,10 @@ def task_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
         status = 201 if created else 200
         task_id = view["task_id"]
         queued = created and view["status"] != TaskStatus.AWAITING_APPROVAL  # parked: no attempt
+        first_attempt = Publish(task_id, 1, 0.0, queue_for(view.get("priority")))
         if not wait:
             if queued:
-                await run_in_threadpool(ctx.publish_premarked, Publish(task_id, 1, 0.0))
+                await run_in_threadpool(ctx.publish_premarked, first_attempt)
             return JSONResponse(view, status_code=status)
         published = not queued
         views = iter([view])
@@ -104,7 +119,7 @@ def task_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
         def read() -> dict[str, Any]:
             nonlocal published
             if not published:  # inside the watch: a fast answer cannot slip past the waiter
-                ctx.publish_premarked(Publish(task_id, 1, 0.0))
+                ctx.publish_premarked(first_attempt)
                 published = True
             first = next(views, None)
             return first if first is not None else _read(ctx, task_id, request, submitter)

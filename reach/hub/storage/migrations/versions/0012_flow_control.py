@@ -2,7 +2,8 @@
 
 * ``tasks.priority`` (online | background) picks the delivery queue; ``(agent_id,
   status)`` counts an agent's pending + in-flight tasks for its queue bound and
-  ``(session_id, status)`` finds a closed session's live reaches.
+  ``(session_id, status)`` finds a closed session's live reaches; ``(priority, status,
+  next_attempt_at)`` tells a background delivery whether online work waits.
 * ``agents.max_queue`` is the bound an agent declared at registration,
   ``max_queue_override`` an admin's (it wins); both unset: ``router.max_queue``.
 * ``sessions``: session liveness (open with a TTL, closed by a caller or an admin).
@@ -34,6 +35,7 @@ def upgrade() -> None:
         )
     op.create_index("ix_tasks_agent_status", "tasks", ["agent_id", "status"])
     op.create_index("ix_tasks_session_status", "tasks", ["session_id", "status"])
+    op.create_index("ix_tasks_priority_status", "tasks", ["priority", "status", "next_attempt_at"])
     with op.batch_alter_table("agents") as batch:
         batch.add_column(sa.Column("max_queue", sa.Integer(), nullable=True))
         batch.add_column(sa.Column("max_queue_override", sa.Integer(), nullable=True))
@@ -77,6 +79,7 @@ def downgrade() -> None:
     with op.batch_alter_table("agents") as batch:
         batch.drop_column("max_queue_override")
         batch.drop_column("max_queue")
+    op.drop_index("ix_tasks_priority_status", table_name="tasks")
     op.drop_index("ix_tasks_session_status", table_name="tasks")
     op.drop_index("ix_tasks_agent_status", table_name="tasks")
     with op.batch_alter_table("tasks") as batch:

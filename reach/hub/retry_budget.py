@@ -1,0 +1,89 @@
+"""The retry budget's edge: hub-wide counts of deliveries and retries per target agent.
+
+The arithmetic is pure (``reach.core.retry_budget``). What counts, in
+``reach.hub.shared_counts`` (every worker process of the hub adds to the same windows):
+
+* ``reach_requests``: every delivery posted to an agent, keyed by its agent id;
+* ``reach_retries``: those that re-send a task the hub had sent before (the task has an
+  instance assigned already: after a transient failure, a 429, a lost worker or a wait);
+* ``retry_budget_waits``: retries deferred because the budget was spent.
+
+`precheck` runs before a later attempt (``attempt_seq > 1``) is claimed -- outside the
+claim's transaction, since on SQLite the counts' own transactions would wait on its write
+lock: if the task is a re-send and its target's budget is spent, delivery does not send it
+but defers it by the delay returned (an event ``retry`` with ``budget_wait: true``) and
+checks it again when it fires. A wait is not a failure
+and spends neither a retry nor a deferral: the budget always frees ``min_per_s`` retries a
+second, so a waiting retry is late, never lost.
+"""
+
+from __future__ import annotations
+
+import random
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from reach.core.retry_budget import RetryBudget, wait_s
+from reach.hub import metrics
+from reach.hub.shared_counts import SharedCounts
+from reach.hub.storage.models import TaskRow
+
+REQUESTS = "reach_requests"
+RETRIES = "reach_retries"
+WAITS = "retry_budget_waits"
+
+
+def count(shared: SharedCounts | None, agent_id: str, resend: bool, now: float) -> None:
+    """Count one delivery about to be posted to ``agent_id`` (a re-send also as a retry)."""
+    if shared is None:
+        return
+    shared.add(REQUESTS, agent_id, now)
+    if resend:
+        shared.add(RETRIES, agent_id, now)
+
+
+def precheck(
+    sessions: sessionmaker[Session],
+    shared: SharedCounts,
+    task_id: str,
+    now: float,
+    budget: RetryBudget,
+    rng: random.Random,
+) -> tuple[str, float] | None:
+    """(agent, seconds to wait) if the task is a re-send whose target's budget is spent.
+
+    One primary-key read of the task: a re-send goes back to the agent it was sent to."""
+    if not budget.enabled:
+        return None
+    with sessions.begin() as session:
+        row = session.execute(
+            select(TaskRow.agent_id, TaskRow.instance_id).where(TaskRow.task_id == task_id)
+        ).first()
+    if row is None or row.instance_id is None or not row.agent_id:
+        return None  # never sent: a first request, whatever its attempt number
+    delay = gate(shared, row.agent_id, now, budget, rng)
+    return None if delay is None else (str(row.agent_id), delay)
+
+
+def gate(
+    shared: SharedCounts | None,
+    agent_id: str,
+    now: float,
+    budget: RetryBudget,
+    rng: random.Random,
+) -> float | None:
+    """None if a retry toward ``agent_id`` may fire now; else seconds to wait for budget
+    (counted as a wait, hub-wide, so the waiting retries spread out)."""
+    if shared is None or not budget.enabled:
+        return None
+    window = budget.window_s
+    retries = shared.total(RETRIES, agent_id, now, window)
+    requests = shared.total(REQUESTS, agent_id, now, window)
+    waiting = shared.total(WAITS, agent_id, now, window)
+    delay = wait_s(retries, requests, waiting, budget, rng.random())
+    if delay <= 0:
+        return None
+    shared.add(WAITS, agent_id, now)
+    metrics.RETRY_BUDGET_WAIT_TOTAL.labels(agent_id).inc()
+    return delay

@@ -1,0 +1,308 @@
+"""Background yields to waiting online work, on a real store against a real agent endpoint.
+
+The decision is `reach.core.priority` (table-tested); here: what the hub measures (online
+tasks waiting, background deliveries in flight, the slots workers reported), the
+deferral it writes (a new attempt on ``reach.background``, no retry spent, a ``deferred``
+event), its bound, and that every way an attempt is re-created keeps the task's queue.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kombu import Connection, Exchange
+from kombu import Queue as KombuQueue
+from sqlalchemy import Engine, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from reach.core.priority import BACKGROUND_QUEUE, ONLINE_QUEUE, WORKER_QUEUES
+from reach.hub import deadletters, outbox, priority, registry, submission
+from reach.hub.agent_http import AgentTransport
+from reach.hub.breakers import Breakers
+from reach.hub.clock import ManualClock
+from reach.hub.delivery import DeliveryPolicy, Publish, claim, deliver_attempt
+from reach.hub.monitoring import Policy
+from reach.hub.settings import Settings
+from reach.hub.storage import session_factory
+from reach.hub.storage.models import DeadLetterRow, OutboxRow, TaskEventRow, TaskRow
+from reach.schemas import RegisterRequest, SubmitRequest
+from reach.worker.factory import celery_config
+from tests.support.envelope_server import EnvelopeServer
+
+SETTINGS = Settings.model_validate(
+    {
+        "router": {
+            "backoff_base": 0.5,
+            "read_timeout": 5,
+            "max_retry": 1,
+            "background_share": 0.5,
+            "background_defer_s": 0.5,
+            "background_max_wait_s": 3,
+        }
+    }
+)
+DPOLICY = DeliveryPolicy.from_settings(SETTINGS)
+
+
+@pytest.fixture
+def sessions(engine: Engine) -> sessionmaker[Session]:
+    return session_factory(engine)
+
+
+@pytest.fixture
+def agent() -> Iterator[EnvelopeServer]:
+    server = EnvelopeServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+def register(sessions: sessionmaker[Session], clock: ManualClock, addr: str) -> None:
+    with sessions.begin() as s:
+        registry.register(
+            s,
+            RegisterRequest(
+                agent_id="a", addr=addr, allow_loopback=True, capabilities=[{"type": "m"}]
+            ),
+            clock.now(),
+            Policy.from_settings(SETTINGS),
+        )
+
+
+def send(sessions: sessionmaker[Session], clock: ManualClock, priority_: str) -> str:
+    with sessions.begin() as s:
+        view, _ = submission.submit(
+            s, SubmitRequest(agent_id="a", method="m", priority=priority_), clock.now()
+        )
+    assert view["priority"] == priority_
+    return str(view["task_id"])
+
+
+def attempt(
+    sessions: sessionmaker[Session], clock: ManualClock, task_id: str, seq: int
+) -> Publish | None:
+    return deliver_attempt(
+        sessions,
+        task_id,
+        seq,
+        now=clock.now,
+        policy=Policy.from_settings(SETTINGS),
+        dpolicy=DPOLICY,
+        transport=AgentTransport(),
+        rng=random.Random(1),
+        breakers=Breakers(),
+    )
+
+
+def row(sessions: sessionmaker[Session], task_id: str) -> TaskRow:
+    with sessions() as s:
+        found = s.scalar(select(TaskRow).where(TaskRow.task_id == task_id))
+        assert found is not None
+        return found
+
+
+def events(sessions: sessionmaker[Session], task_id: str) -> list[TaskEventRow]:
+    with sessions() as s:
+        query = select(TaskEventRow).where(TaskEventRow.task_id == task_id)
+        return list(s.scalars(query.order_by(TaskEventRow.id)))
+
+
+def queue_of_outbox(sessions: sessionmaker[Session], task_id: str, seq: int) -> str:
+    with sessions() as s:
+        found = s.scalar(
+            select(OutboxRow).where(OutboxRow.task_id == task_id, OutboxRow.attempt_seq == seq)
+        )
+        assert found is not None
+        return outbox.queue_of(found.message)
+
+
+def busy_background(sessions: sessionmaker[Session], clock: ManualClock) -> str:
+    """A background task another worker is delivering (its lease live)."""
+    task_id = send(sessions, clock, "background")
+    with sessions.begin() as s:
+        assert claim(s, task_id, 1, clock.now(), DPOLICY) is not None
+    return task_id
+
+
+def report_slots(sessions: sessionmaker[Session], clock: ManualClock, slots: int) -> None:
+    with sessions.begin() as s:
+        priority.record_slots(s, "w1@test", slots, clock.now())
+
+
+def test_first_attempts_carry_their_queue(
+    sessions: sessionmaker[Session], clock: ManualClock, agent: EnvelopeServer
+) -> None:
+    register(sessions, clock, agent.addr)
+    online, background = send(sessions, clock, "online"), send(sessions, clock, "background")
+    assert queue_of_outbox(sessions, online, 1) == ONLINE_QUEUE
+    assert queue_of_outbox(sessions, background, 1) == BACKGROUND_QUEUE
+    clock.advance(60)
+    with sessions.begin() as s:  # the relay rebuilds each attempt with its queue
+        relayed = {p.task_id: p.queue for p in outbox.unpublished(s, clock.now(), grace=1)}
+    assert relayed == {online: ONLINE_QUEUE, background: BACKGROUND_QUEUE}
+
+
+def test_background_yields_its_slot_while_online_waits(
+    sessions: sessionmaker[Session], clock: ManualClock, agent: EnvelopeServer
+) -> None:
+    register(sessions, clock, agent.addr)
+    report_slots(sessions, clock, 2)  # share 0.5: background may hold one slot
+    busy_background(sessions, clock)
+    online = send(sessions, clock, "online")
+    task_id = send(sessions, clock, "background")
+
+    deferred = attempt(sessions, clock, task_id, 1)
+
+    assert deferred == Publish(task_id, 2, 0.5, BACKGROUND_QUEUE)
+    assert agent.calls[task_id] == 0  # not delivered
+    task = row(sessions, task_id)
+    assert (task.status, task.attempt_seq, task.retries) == ("pending", 2, 0)  # no retry spent
+    last = events(sessions, task_id)[-1]
+    assert last.kind == "deferred"
+    assert last.detail["reason"] == "priority"
+    assert (last.detail["background_busy"], last.detail["slots"]) == (1, 2)
+    assert queue_of_outbox(sessions, task_id, 2) == BACKGROUND_QUEUE
+
+    # the online task is delivered; while online traffic is live background keeps to its
+    # share (a slot freed after an online task arrives is too late for it), then runs
+    assert attempt(sessions, clock, online, 1) is None
+    clock.advance(0.5)
+    again = attempt(sessions, clock, task_id, 2)
+    assert again == Publish(task_id, 3, 0.5, BACKGROUND_QUEUE)
+    clock.advance(priority.ONLINE_RECENT_S)
+    assert attempt(sessions, clock, task_id, 3) is None
+    assert row(sessions, task_id).status == "success"
+    assert agent.calls[task_id] == 1
+
+
+def test_background_within_its_share_runs_while_online_waits(
+    sessions: sessionmaker[Session], clock: ManualClock, agent: EnvelopeServer
+) -> None:
+    register(sessions, clock, agent.addr)
+    report_slots(sessions, clock, 4)  # share 0.5: two slots; one is busy
+    busy_background(sessions, clock)
+    send(sessions, clock, "online")
+    task_id = send(sessions, clock, "background")
+    assert attempt(sessions, clock, task_id, 1) is None
+    assert row(sessions, task_id).status == "success"
+
+
+def test_a_deferred_background_task_runs_after_the_maximum_wait(
+    sessions: sessionmaker[Session], clock: ManualClock, agent: EnvelopeServer
+) -> None:
+    register(sessions, clock, agent.addr)
+    report_slots(sessions, clock, 2)
+    busy_background(sessions, clock)
+    send(sessions, clock, "online")  # never delivered: online waits throughout
+    task_id = send(sessions, clock, "background")
+    seq = 1
+    while (deferred := attempt(sessions, clock, task_id, seq)) is not None:
+        seq = deferred.attempt_seq
+        clock.advance(1)
+        with sessions.begin() as s:  # the busy one's lease and the slots stay live
+            s.execute(update(TaskRow).where(TaskRow.status == "dispatching").values(
+                lease_until=clock.now() + 60))  # fmt: skip
+            priority.record_slots(s, "w1@test", 2, clock.now())
+        assert seq < 10, "deferred past its bound"
+    kinds = [e.kind for e in events(sessions, task_id)]
+    assert kinds.count("deferred") == 3  # at 0, 1 and 2 s after the first: 3 s is the bound
+    assert row(sessions, task_id).status == "success"
+    assert row(sessions, task_id).retries == 0
+
+
+def test_background_runs_when_no_worker_reported_slots(
+    sessions: sessionmaker[Session], clock: ManualClock, agent: EnvelopeServer
+) -> None:
+    register(sessions, clock, agent.addr)
+    with sessions.begin() as s:  # a worker that went silent
+        priority.record_slots(s, "w1@test", 2, clock.now() - priority.SLOTS_TTL_S - 1)
+    busy_background(sessions, clock)
+    send(sessions, clock, "online")
+    task_id = send(sessions, clock, "background")
+    assert attempt(sessions, clock, task_id, 1) is None
+    assert row(sessions, task_id).status == "success"
+
+
+def test_slots_add_up_across_workers_and_leave_with_them(
+    sessions: sessionmaker[Session], clock: ManualClock
+) -> None:
+    with sessions.begin() as s:
+        priority.record_slots(s, "w1", 2, clock.now())
+        priority.record_slots(s, "w2", 4, clock.now())
+        priority.record_slots(s, "w1", 3, clock.now() + 1)  # a later report replaces the first
+    with sessions() as s:
+        assert priority.hub_slots(s, clock.now() + 1) == 7
+    with sessions.begin() as s:
+        priority.forget_slots(s, "w2")
+    with sessions() as s:
+        assert priority.hub_slots(s, clock.now() + 1) == 3
+        assert priority.hub_slots(s, clock.now() + 100) is None
+
+
+def test_retries_and_replays_of_background_stay_background(
+    sessions: sessionmaker[Session], clock: ManualClock
+) -> None:
+    failing = EnvelopeServer(status=503)
+    try:
+        register(sessions, clock, failing.addr)
+        task_id = send(sessions, clock, "background")
+        retry = attempt(sessions, clock, task_id, 1)
+        assert retry is not None and retry.queue == BACKGROUND_QUEUE
+        assert queue_of_outbox(sessions, task_id, 2) == BACKGROUND_QUEUE
+        clock.advance(5)
+        assert attempt(sessions, clock, task_id, 2) is None  # max_retry 1: dead-lettered
+    finally:
+        failing.close()
+    assert row(sessions, task_id).status == "dead"
+    with sessions.begin() as s:
+        dead = s.scalar(select(DeadLetterRow).where(DeadLetterRow.task_id == task_id))
+        assert dead is not None
+        replayed = deadletters.replay(s, dead.id, clock.now())
+    assert replayed.queue == BACKGROUND_QUEUE
+    assert queue_of_outbox(sessions, task_id, replayed.attempt_seq) == BACKGROUND_QUEUE
+
+
+def test_outbox_rows_written_before_priorities_go_online() -> None:
+    assert outbox.queue_of({"task_id": "t", "attempt_seq": 1}) == ONLINE_QUEUE
+    assert outbox.queue_of({"queue": "elsewhere"}) == ONLINE_QUEUE
+    assert outbox.queue_of(None) == ONLINE_QUEUE
+    assert outbox.queue_of({"queue": BACKGROUND_QUEUE}) == BACKGROUND_QUEUE
+
+
+def test_the_embedded_broker_serves_online_first(tmp_path: Path) -> None:
+    """Real kombu over a SQLite file: a worker consuming online, background, probe in that
+    order gets every online message before any background one, whatever arrived first."""
+    url = f"sqlite:///{tmp_path}/broker.db"
+    queues = [KombuQueue(name, Exchange(name), routing_key=name) for name in WORKER_QUEUES]
+    with Connection(url, transport="reach.worker.embedded_broker:Transport") as conn:
+        producer = conn.Producer()
+        for name, n in [(BACKGROUND_QUEUE, 3), (ONLINE_QUEUE, 2), (BACKGROUND_QUEUE, 1)]:
+            for i in range(n):
+                producer.publish(
+                    {"q": name, "i": i}, exchange=name, routing_key=name, declare=queues
+                )
+        got: list[str] = []
+
+        def take(body: dict[str, Any], message: Any) -> None:
+            got.append(body["q"])
+            message.ack()
+
+        with conn.Consumer(queues, callbacks=[take], prefetch_count=1):
+            while len(got) < 6:
+                conn.drain_events(timeout=5)
+    assert got == [ONLINE_QUEUE] * 2 + [BACKGROUND_QUEUE] * 4
+
+
+def test_redis_workers_take_queues_in_order() -> None:
+    config = celery_config(
+        Settings.model_validate({"storage": {"broker_url": "redis://127.0.0.1:6379/0"}})
+    )
+    assert config["broker_transport_options"]["queue_order_strategy"] == "priority"
