@@ -13,12 +13,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import channel as bench_channel
 from bench import flow, report, scenarios
 from bench.processes import REPO, Hub, flush_redis, spawn
 from bench.stats import Summary, Target, ratio
 
 ALL = (
     "single_hop",
+    "channel_single_hop",
     "baselines",
     "max_throughput",
     "two_hop",
@@ -93,6 +95,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         bench, plan.single_rate, plan.duration
                     ).as_dict()
                     log("single_hop", out["single_hop"])
+                if "channel_single_hop" in parts:  # the same load, to an agent behind NAT
+                    out["channel_single_hop"] = bench_channel.channel_single_hop(
+                        bench, plan.single_rate, plan.duration
+                    ).as_dict()
+                    log("channel_single_hop", out["channel_single_hop"])
                 if "max_throughput" in parts:
                     best, steps = scenarios.max_throughput(
                         lambda r, d: scenarios.hub_single(bench, r, d, name="max"),
@@ -300,6 +307,13 @@ def _ratios(result: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _ratio(a: object, b: object) -> float:
+    """a / b as a float, NaN when either is missing or b is zero."""
+    if not isinstance(a, int | float) or not isinstance(b, int | float) or not b:
+        return float("nan")
+    return round(float(a) / float(b), 2)
+
+
 def _r(value: float) -> float | None:
     return None if value != value else round(value, 2)
 
@@ -320,6 +334,21 @@ def targets(result: dict[str, Any]) -> list[Target]:
         out += [
             Target("single hop @100/s p50 ms", get("single_hop", "p50_ms"), 15),
             Target("single hop @100/s p99 ms", get("single_hop", "p99_ms"), 50),
+        ]
+    if "channel_single_hop" in s and "single_hop" in s:
+        http, chan = s["single_hop"], s["channel_single_hop"]
+        out += [
+            Target(
+                "channel single hop p50 ÷ HTTP single hop p50",
+                _ratio(chan.get("p50_ms"), http.get("p50_ms")),
+                1.2,
+            ),
+            Target(
+                "channel single hop rate ÷ HTTP single hop rate",
+                _ratio(chan.get("rate"), http.get("rate")),
+                1 / 1.2,
+                False,
+            ),
         ]
     if "two_hop" in s:
         out.append(Target("two hops @50/s p99 ms", get("two_hop", "p99_ms"), 100))

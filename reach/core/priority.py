@@ -82,7 +82,7 @@ def admit_background(load: Load, policy: PriorityPolicy) -> Decision:
     return Decision(False, Reason.OVER_SHARE, limit, defer_delay(load.deferred_s, policy))
 
 
-MAX_DEFER_S = 8.0
+MAX_DEFER_S = 2.0
 
 
 def defer_delay(deferred_s: float | None, policy: PriorityPolicy) -> float:
