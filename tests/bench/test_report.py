@@ -35,6 +35,7 @@ def _result() -> dict[str, Any]:
         },
         "scenarios": {
             "single_hop": _row(9.0, 30.0),
+            "channel_single_hop": _row(10.0, 33.0),
             "two_hop": _row(20.0, 120.0),
             "broadcast5": _row(30.0, 90.0),
             "inflight2000": _row(1500.0, 8000.0),
