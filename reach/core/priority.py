@@ -21,8 +21,10 @@ BACKGROUND = "background"
 ONLINE_QUEUE = "reach"  # unchanged: existing deployments keep consuming it
 BACKGROUND_QUEUE = "reach.background"
 PROBE_QUEUE = "reach.probe"
-WORKER_QUEUES = (ONLINE_QUEUE, BACKGROUND_QUEUE, PROBE_QUEUE)
-"""What a worker consumes, in the order it should prefer them."""
+WORKER_QUEUES = (PROBE_QUEUE, ONLINE_QUEUE, BACKGROUND_QUEUE)
+"""What a worker consumes, in the order it should prefer them. Probe sweeps first: one
+short message per tick, and a hub whose probes starve behind sustained delivery load
+stops knowing which agents can take work."""
 
 
 def queue_for(priority: str | None) -> str:

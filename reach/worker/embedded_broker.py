@@ -5,8 +5,9 @@ interval (1 s by default, which would add up to a second to every hop) is set on
 transport class instead, and SQLite gets WAL and a busy timeout like the hub's own store.
 
 kombu's virtual channels poll their queues round robin (``FairCycle``); here every poll
-starts from the first queue consumed, so a worker started with ``reach,reach.background,
-reach.probe`` takes online work whenever there is any (Redis: ``queue_order_strategy``).
+starts from the first queue consumed, so a worker started with ``reach.probe,reach,
+reach.background`` takes a due probe sweep first and online work before background
+(Redis: ``queue_order_strategy``).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ TASK_MODULES = [
     "tasks.webhooks",
     "tasks.callbacks",
 ]
-QUEUES = WORKER_QUEUES  # online, background, probe: the order workers prefer them in
+QUEUES = WORKER_QUEUES  # probe, online, background: the order workers prefer them in
 BEAT_SCHEDULER = "reach.worker.beat_lock:LeasedScheduler"  # one active beat (a lease)
 EMBEDDED_TRANSPORT = "reach.worker.embedded_broker:Transport"
 WORKER_CONSUMER = "reach.worker.consumer:Consumer"

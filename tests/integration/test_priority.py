@@ -278,7 +278,7 @@ def test_outbox_rows_written_before_priorities_go_online() -> None:
 
 
 def test_the_embedded_broker_serves_online_first(tmp_path: Path) -> None:
-    """Real kombu over a SQLite file: a worker consuming online, background, probe in that
+    """Real kombu over a SQLite file: a worker consuming probe, online, background in that
     order gets every online message before any background one, whatever arrived first."""
     url = f"sqlite:///{tmp_path}/broker.db"
     queues = [KombuQueue(name, Exchange(name), routing_key=name) for name in WORKER_QUEUES]

@@ -34,7 +34,7 @@ def test_queue_for(priority: str | None, queue: str) -> None:
 
 
 def test_workers_prefer_online_then_background_then_probes() -> None:
-    assert WORKER_QUEUES == ("reach", "reach.background", "reach.probe")
+    assert WORKER_QUEUES == ("reach.probe", "reach", "reach.background")
 
 
 @pytest.mark.parametrize(
