@@ -44,7 +44,7 @@ from reach.core.retry import (
     should_retry,
 )
 from reach.core.retry_budget import RetryBudget
-from reach.core.routing import RouteFilter, choose_excluding
+from reach.core.routing import Candidate, RouteFilter, choose_excluding
 from reach.core.statuses import TERMINAL, TaskStatus
 from reach.core.trust import is_l3
 from reach.errors import NoSuitableAgent, StaleReport, UnknownTask
@@ -403,6 +403,32 @@ def claim(
     return Claimed(task_id, attempt_seq, token, *row)
 
 
+def _candidates(
+    session: Session,
+    task: Claimed,
+    now: float,
+    policy: Policy,
+    cache: registry.CandidateCache | None,
+) -> tuple[RouteFilter, list[Candidate]]:
+    """The task's route filter and its live candidates (a pinned broadcast target: that
+    instance or nothing) -- what routing and the breaker wait both start from."""
+    target = task.target
+    flt = RouteFilter(
+        agent_id=target.get("agent_id"),
+        tags=tuple(target.get("tags") or ()),
+        capability=target.get("capability"),
+        rules=tuple(sorted((target.get("rules") or {}).items())),
+    )
+    if cache is not None:
+        found = cache.get(session, flt, now, policy, task.method)
+    else:
+        found = registry.load_candidates(session, flt, now, policy, method=task.method)
+    pinned = target.get("instance_id")
+    if pinned:
+        found = [c for c in found if c.instance_id == pinned]
+    return flt, found
+
+
 def _route(
     session: Session,
     task: Claimed,
@@ -412,21 +438,9 @@ def _route(
     rng: random.Random,
     cache: registry.CandidateCache | None = None,
 ) -> _Dispatch | str:
-    target = task.target
-    flt = RouteFilter(
-        agent_id=target.get("agent_id"),
-        tags=tuple(target.get("tags") or ()),
-        capability=target.get("capability"),
-        rules=tuple(sorted((target.get("rules") or {}).items())),
-    )
-    if cache is not None:
-        candidates = cache.get(session, flt, now, policy, task.method)
-    else:
-        candidates = registry.load_candidates(session, flt, now, policy, method=task.method)
-    pinned = target.get("instance_id")
-    if pinned:  # a broadcast target: this instance or nothing
-        candidates = [c for c in candidates if c.instance_id == pinned]
-    elif not flt.agent_id and task.trace and task.trace.get("path"):  # no loop by route
+    flt, candidates = _candidates(session, task, now, policy, cache)
+    pinned = task.target.get("instance_id")
+    if not pinned and not flt.agent_id and task.trace and task.trace.get("path"):  # no loop
         candidates = [c for c in candidates if c.agent_id not in task.trace["path"]]
     screened: trust.Screened | None = None
     if any(is_l3(c.trust_level) for c in candidates):  # else: not a read more
@@ -715,20 +729,7 @@ def _wait_for_breakers(
     """No route: if only breakers hold the live instances out, defer to the next trial."""
     if task.deferrals >= dpolicy.max_deferrals:
         return None
-    target = claimed.target
-    flt = RouteFilter(
-        agent_id=target.get("agent_id"),
-        tags=tuple(target.get("tags") or ()),
-        capability=target.get("capability"),
-        rules=tuple(sorted((target.get("rules") or {}).items())),
-    )
-    if cache is not None:
-        found = cache.get(session, flt, now, policy, claimed.method)
-    else:
-        found = registry.load_candidates(session, flt, now, policy, method=claimed.method)
-    pinned = target.get("instance_id")
-    if pinned:
-        found = [c for c in found if c.instance_id == pinned]
+    _, found = _candidates(session, claimed, now, policy, cache)
     found = breaker_store.open_failing(session, found, now, dpolicy.breaker)
     trial = dpolicy.breaker.trial_interval_s
     until = breaker_store.held_back_until(found, now, recheck_s=min(1.0, trial))
