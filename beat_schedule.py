@@ -53,6 +53,18 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
             "schedule": settings.approval.sweep_interval_s,
             "options": {"expires": settings.approval.sweep_interval_s},
         },
+        # every A2A agent's card read again: its heartbeat, and any change of its skills
+        "reach.a2a-cards": {
+            "task": "reach.a2a_cards",
+            "schedule": settings.a2a.card_refresh_s,
+            "options": {"expires": settings.a2a.card_refresh_s, "queue": PROBE_QUEUE},
+        },
+        # A2A tasks still working after their attempt: GetTask until they end
+        "reach.a2a-follow": {
+            "task": "reach.a2a_follow",
+            "schedule": settings.a2a.poll_interval_s,
+            "options": {"expires": settings.a2a.poll_interval_s},
+        },
         # callbacks due but not taken (a lost publish): re-published
         "reach.callbacks-sweep": {
             "task": "reach.callbacks_sweep",

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -451,6 +452,8 @@ def _open_count(bench: Bench, prefix: str) -> int:
 
 # -- backpressure --------------------------------------------------------------------------
 
+_SDK_BURST = 10  # concurrent sends of the SDK probe
+
 
 def backpressure(bench: Bench) -> dict[str, Any]:
     """A fast caller (``bp_rate``/s, no waiting) against a slow sync agent on a hub with
@@ -514,22 +517,31 @@ def backpressure(bench: Bench) -> dict[str, Any]:
     sdk: dict[str, Any] = {}
 
     def sdk_probe() -> None:
-        """Late in the flood, the SDK's view of the same refusal: ``reach.Backpressure``."""
+        """Late in the flood, the SDK's view of the same refusal: ``reach.Backpressure``.
+        Bursts of concurrent sends, so the probe fills the queue itself should the flood
+        have fallen short of it (a loaded machine): one send at a time drains no faster
+        than the agent answers."""
         time.sleep(plan.bp_duration * 0.75)
-        for n in range(int(plan.bp_duration * 20) + 20):  # until refused, past the flood
-            task_id = f"{prefix}sdk{n}"
-            try:
-                reach.send(agent_id="slow-q", method="bench.echo", task_id=task_id, hub=url)
-            except reach.Backpressure as exc:
-                sdk.update(raised="Backpressure", **{k: exc.extra.get(k) for k in _BP_KEYS})
-                return
-            except reach.ReachError as exc:
-                sdk["raised"] = type(exc).__name__
-                return
+        numbers = itertools.count()
+
+        def one() -> None:
+            task_id = f"{prefix}sdk{next(numbers)}"
+            reach.send(agent_id="slow-q", method="bench.echo", task_id=task_id, hub=url)
             with lock:
                 accepted.append(task_id)
+
+        for _ in range(3 * plan.bp_max_queue // _SDK_BURST + 1):  # past the bound, whatever drains
+            with ThreadPoolExecutor(_SDK_BURST) as pool:
+                futures = [pool.submit(one) for _ in range(_SDK_BURST)]
+            for future in futures:
+                exc = future.exception()
+                if isinstance(exc, reach.Backpressure):
+                    sdk.update(raised="Backpressure", **{k: exc.extra.get(k) for k in _BP_KEYS})
+                    return
+                if isinstance(exc, reach.ReachError):
+                    sdk["raised"] = type(exc).__name__
+                    return
             sdk["raised"] = None
-            time.sleep(0.05)
 
     probe = threading.Thread(target=sdk_probe, daemon=True)
     probe.start()

@@ -28,6 +28,7 @@ def run_open_loop(
     t0 = time.perf_counter() if start is None else start
 
     def one(i: int, due: float) -> None:
+        lag = time.perf_counter() - (t0 + due)  # the generator's own: no thread was free
         try:
             job(i)
             ok, error = True, ""
@@ -35,7 +36,7 @@ def run_open_loop(
             ok, error = False, f"{type(exc).__name__}: {exc}"[:300]
         latency = time.perf_counter() - (t0 + due)
         with lock:
-            samples.append(Sample(due, latency, ok, error))
+            samples.append(Sample(due, latency, ok, error, max(0.0, lag)))
 
     with ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="load") as pool:
         for i in range(count):

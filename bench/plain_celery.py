@@ -2,19 +2,21 @@
 
 No registry, no outbox, no bookkeeping: what the hub is measured against. Run as
 ``celery -A bench.plain_celery worker`` with the broker and result backend in
-``BENCH_CELERY_URL``; the result travels back through the Redis result backend.
+``BENCH_CELERY_URL`` (by default the bench's Redis, database 11:
+``bench.processes.CELERY_URL``); the result travels back through the Redis result backend.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any
 
 import requests
 from celery import Celery
 
-URL = os.environ.get("BENCH_CELERY_URL", "redis://127.0.0.1:6379/11")
+from bench.processes import CELERY_URL
+
+URL = CELERY_URL
 app = Celery("bench_plain", broker=URL, backend=URL)
 app.conf.update(
     task_serializer="json",

@@ -24,7 +24,26 @@ PG_ADMIN_URL = os.environ.get(
     "BENCH_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )
 PG_DATABASE = os.environ.get("BENCH_PG_DATABASE", "reach_bench")
-REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/12")
+
+
+# The bench's Redis: REACH_BENCH_REDIS_URL (a private one, so a shared Redis that other
+# runs flush is never used), else BENCH_REDIS_URL, else the local default. The hub uses its
+# database; the plain Celery baseline the database below it (BENCH_CELERY_URL overrides).
+def redis_db(url: str, db: int | None = None) -> str:
+    """``url`` with its database number replaced by ``db`` (None: kept, 12 if it has none)."""
+    base, _, last = url.rstrip("/").rpartition("/")
+    has_db = last.isdigit() and base.count("/") >= 2
+    root = base if has_db else url.rstrip("/")
+    return f"{root}/{(int(last) if has_db else 12) if db is None else db}"
+
+
+REDIS_URL = redis_db(
+    os.environ.get("REACH_BENCH_REDIS_URL")
+    or os.environ.get("BENCH_REDIS_URL")
+    or "redis://127.0.0.1:6379/12"
+)
+
+CELERY_URL = os.environ.get("BENCH_CELERY_URL") or redis_db(REDIS_URL, 11)
 
 
 def free_port() -> int:
@@ -101,7 +120,8 @@ class Hub:
     home: Path
     worker_concurrency: int = 2
     pool: str = "prefork"
-    workers: int = 1  # worker processes (each with its own pool)
+    workers: int = 1  # worker processes (each with its own pool), separate Celery nodes
+    api_replicas: int = 1  # more than one: `reach api --reuse-port`, all on one port
     extra_env: dict[str, str] = field(default_factory=dict)
     procs: list[Proc] = field(default_factory=list)
     url: str = ""
@@ -130,8 +150,17 @@ class Hub:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         reach = [sys.executable, "-m", "reach"]
+        reuse = ["--reuse-port"] if self.api_replicas > 1 else []
         self.procs = [
-            spawn("api", [*reach, "api", "--port", str(port)], env, self.home),
+            *(
+                spawn(
+                    "api" if n == 0 else f"api-{n}",
+                    [*reach, "api", "--port", str(port), *reuse],
+                    env,
+                    self.home,
+                )
+                for n in range(self.api_replicas)
+            ),
             *(
                 spawn(
                     f"worker-{n}",
@@ -144,6 +173,7 @@ class Hub:
                         self.pool,
                         "--loglevel",
                         os.environ.get("BENCH_WORKER_LOGLEVEL", "WARNING"),
+                        f"--hostname=bench{n}@%h",  # separate nodes
                     ],
                     env,
                     self.home,
@@ -260,7 +290,8 @@ class PeakRss:
         self.peak_mb = 0.0
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _sample(self) -> float:
+    def sample(self) -> float:
+        """The summed RSS now, MB."""
         total = 0
         for pid in self._pids:
             try:
@@ -274,7 +305,7 @@ class PeakRss:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak_mb = max(self.peak_mb, self._sample())
+            self.peak_mb = max(self.peak_mb, self.sample())
             self._stop.wait(self._interval)
 
     def __enter__(self) -> PeakRss:
@@ -284,7 +315,7 @@ class PeakRss:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self.peak_mb = max(self.peak_mb, self._sample())
+        self.peak_mb = max(self.peak_mb, self.sample())
 
 
 @contextlib.contextmanager

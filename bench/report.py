@@ -7,8 +7,12 @@ import math
 from pathlib import Path
 from typing import Any
 
+from bench import semantic as bench_semantic
+from bench.stats import P99_LIMIT_MS
+
 SCENARIOS = ("single_hop", "channel_single_hop", "two_hop", "broadcast5", "inflight2000", "fault")
 COLUMNS = ("rate", "p50_ms", "p95_ms", "p99_ms", "errors", "lost", "peak_rss_mb")
+SPREAD = ("rate", "p50_ms", "p99_ms")  # shown with their range over the runs
 FIELD = {  # the field's published figures (three servers), for the table
     "single_hop": "500 QPS: p50 45 / p95 90 / p99 180 ms",
     "channel_single_hop": "(ours) an agent behind NAT, over its WebSocket channel",
@@ -45,45 +49,116 @@ def _fmt(value: Any) -> str:
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 
+def _spread(row: dict[str, Any], col: str) -> str:
+    """``value`` and, for a repeated scenario, its range over the runs: ``6.5 (6.1-7.0)``."""
+    value = _fmt(row.get(col))
+    lo, hi = ((row.get("spread") or {}).get(col) or [None, None])[:2]
+    if lo is None or hi is None or row.get("runs", 1) < 2:
+        return value
+    return f"{value} ({_fmt(lo)}-{_fmt(hi)})"
+
+
 def markdown(result: dict[str, Any]) -> str:
     meta = result["meta"]
     lines = [f"Command: `{meta['command']}` — {meta['started']} — {meta['machine']}"]
+    runs = max((r.get("runs", 1) for r in result["scenarios"].values()), default=1)
     if result["scenarios"]:  # a run of flow-control parts alone has no main table
         lines += [
             "",
+            f"Each scenario ran {runs} time(s): the median, and (min-max) over the runs; "
+            "errors and lost are the worst run's; generator lag is the load generator's own "
+            "(due → sent), p99.",
+            "",
             "| scenario | offered /s | rate /s | p50 ms | p95 ms | p99 ms | errors | lost "
-            "| hub peak RSS MB | the field |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| hub peak RSS MB | generator lag ms | the field |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
     for name in SCENARIOS:
         row = result["scenarios"].get(name)
         if row is None:
             continue
-        cells = [_fmt(row.get(c)) for c in COLUMNS]
+        cells = [_spread(row, c) if c in SPREAD else _fmt(row.get(c)) for c in COLUMNS]
         lines.append(
             f"| {name} | {_fmt(row.get('offered_rate'))} | "
             + " | ".join(cells)
-            + f" | {FIELD[name]} |"
+            + f" | {_fmt(row.get('loadgen_lag_p99_ms'))} | {FIELD[name]} |"
         )
+    fault = (result.get("details") or {}).get("fault")
+    if fault and "successes" in fault:
+        lines += [
+            "",
+            "Fault run (the median run by peak ÷ normal): what the callers got. A fast "
+            "refusal (503 circuit-open) and a dead letter are answers, not successes.",
+            "",
+            "| successes | fast refusals | dead letters | no answer | success p50 ms "
+            "| refusal p50 ms | dead letter p50 ms | agent's normal req/s | outage peak "
+            "| peak ÷ normal |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+            f"| {fault['successes']} | {fault['fast_refusals']} | {fault['dead_letters']} "
+            f"| {_fmt((result['scenarios'].get('fault') or {}).get('errors'))} "
+            f"| {_fmt((result['scenarios'].get('fault') or {}).get('p50_ms'))} "
+            f"| {_fmt(fault.get('refusal_p50_ms'))} | {_fmt(fault.get('dead_letter_p50_ms'))} "
+            f"| {_fmt(fault['normal_rate'])} | {_fmt(fault['outage_peak_rate'])} "
+            f"| {_fmt(fault['peak_to_normal'])} |",
+        ]
     base = result.get("baselines") or {}
     if base:
-        lines += ["", "Baselines (same client, same mock agent, same rate as single_hop):", ""]
-        lines += ["| path | rate /s | p50 ms | p95 ms | p99 ms | errors | max throughput /s |"]
-        lines += ["|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "Baselines (same client, same mock agent, same rate as single_hop; run with the "
+            "hub stopped; plain Celery with the hub worker's pool and concurrency, then at "
+            "other settings):",
+            "",
+        ]
+        lines += [
+            "| path | worker | rate /s | p50 ms | p95 ms | p99 ms | errors | max throughput /s |"
+        ]
+        lines += ["|---|---|---|---|---|---|---|---|"]
         for name, row in base.items():
+            ladder = row.get("ladder") or {}
+            best = _fmt(row.get("max_throughput"))
+            if ladder.get("spread") and row.get("runs", 1) > 1:
+                best += f" ({_fmt(ladder['spread'][0])}-{_fmt(ladder['spread'][1])})"
             lines.append(
-                f"| {name} | {_fmt(row.get('rate'))} | {_fmt(row.get('p50_ms'))} "
-                f"| {_fmt(row.get('p95_ms'))} | {_fmt(row.get('p99_ms'))} "
-                f"| {_fmt(row.get('errors'))} | {_fmt(row.get('max_throughput'))} |"
+                f"| {name} | {row.get('worker', '-')} | {_fmt(row.get('rate'))} "
+                f"| {_spread(row, 'p50_ms')} | {_fmt(row.get('p95_ms'))} "
+                f"| {_spread(row, 'p99_ms')} | {_fmt(row.get('errors'))} | {best} |"
             )
     ratios = result.get("ratios") or {}
     if ratios:
         lines += ["", "Hub ÷ baseline: " + ", ".join(f"{k} {_fmt(v)}" for k, v in ratios.items())]
     if result.get("max_throughput") is not None:
+        spread = (result.get("details") or {}).get("max_throughput_spread")
+        shown = f" ({_fmt(spread[0])}-{_fmt(spread[1])} over the runs)" if spread else ""
         lines += [
             "",
-            f"Max sustainable single-hop throughput: {_fmt(result['max_throughput'])} msg/s",
+            f"Max sustainable single-hop throughput: {_fmt(result['max_throughput'])} msg/s"
+            f"{shown}; the ladder climbs until a step fails (errors, loss, p99 over "
+            f"{_fmt(P99_LIMIT_MS)} ms or under 95 % of the offered rate).",
         ]
+        for setting, row in ((result.get("details") or {}).get("hub_settings") or {}).items():
+            lines.append(f"At worker {setting}: {_fmt(row['max_throughput'])} msg/s.")
+    cost = result.get("cost")
+    if cost:
+        roles = cost["cpu_ms_per_msg"]
+        lines += [
+            "",
+            f"CPU per message at {_fmt(cost['rate'])}/s ({cost['messages']} single hops), "
+            "ms, by process:",
+            "",
+            "| " + " | ".join(roles) + " | hub total | all |",
+            "|" + "---|" * (len(roles) + 2),
+            "| "
+            + " | ".join(_fmt(v) for v in roles.values())
+            + f" | {_fmt(cost['hub_cpu_ms_per_msg'])} | {_fmt(cost['total_cpu_ms_per_msg'])} |",
+        ]
+        pg = cost.get("postgres_per_msg")
+        if pg:
+            lines += [
+                "",
+                "PostgreSQL per message: "
+                + ", ".join(f"{k.replace('_', ' ')} {_fmt(v)}" for k, v in pg.items()),
+            ]
     tokens = result.get("tokens")
     if tokens:
         lines += [
@@ -105,7 +180,38 @@ def markdown(result: dict[str, Any]) -> str:
                 for mode in ("on", "off")
             ),
         ]
+    lines += bench_semantic.lines(result)
     lines += flow_lines(result.get("flow") or {})
+    lines += scale_lines(result)
+    soak = result.get("soak")
+    if soak:
+        lines += [
+            "",
+            f"Soak ({_fmt(soak['duration_s'] / 60)} min at {_fmt(soak['rate'])}/s, the flaky "
+            f"agent down {_fmt(soak['flap']['down_s'])} s of every "
+            f"{_fmt(soak['flap']['period_s'])} s under {_fmt(soak['flap']['rate'])}/s; "
+            f"{soak['lost']} lost; its callers got {soak['flaky_outcomes']}):",
+            "",
+            "| from s | requests | errors | p50 ms | p99 ms | hub RSS MB |",
+            "|---|---|---|---|---|---|",
+            *(
+                f"| {_fmt(w['from_s'])} | {w['requests']} | {w['errors']} | {_fmt(w['p50_ms'])} "
+                f"| {_fmt(w['p99_ms'])} | {_fmt(w['rss_mb'])} |"
+                for w in soak["windows"]
+            ),
+        ]
+    so = result.get("scale_out")
+    if so:
+        row = so["single_hop"]
+        lines += [
+            "",
+            f"Scale-out (a hub of its own: {so['api_replicas']} API replicas on one port, "
+            f"`reach api --reuse-port`; {so['workers']} worker nodes, {so['worker']}): "
+            f"max single hop {_fmt(so['max_throughput'])} msg/s; single hop "
+            f"@{_fmt(row.get('offered_rate'))}/s p50 {_spread(row, 'p50_ms')} / p99 "
+            f"{_spread(row, 'p99_ms')} ms; hub CPU per message "
+            f"{_fmt(so['cost']['hub_cpu_ms_per_msg'])} ms.",
+        ]
     targets = result.get("targets") or []
     if targets:
         lines += ["", "| target | value | limit | met |", "|---|---|---|---|"]
@@ -115,15 +221,61 @@ def markdown(result: dict[str, Any]) -> str:
                 f"| {t['name']} | {_fmt(t['value'])} | {sign} {_fmt(t['limit'])} "
                 f"| {'yes' if t['met'] else '**no**'} |"
             )
-    fault = (result.get("details") or {}).get("fault")
-    if fault:
+    return "\n".join(lines) + "\n"
+
+
+def scale_lines(result: dict[str, Any]) -> list[str]:
+    """Fleet and table scale (issue 17)."""
+    lines: list[str] = []
+    f = result.get("fleet")
+    if f:
         lines += [
             "",
-            f"Fault run: normal {_fmt(fault['normal_rate'])} req/s at the agent; during the "
-            f"outage peak {_fmt(fault['outage_peak_rate'])}, "
-            f"mean {_fmt(fault['outage_mean_rate'])} req/s; callers: {fault['outcomes']}",
+            f"Fleet scale (a hub of its own; idle instances heartbeating every 10 s, single "
+            f"hops routed by capability at {_fmt(f['rate'])}/s):",
+            "",
+            "| idle instances | p50 ms | p99 ms | errors | registrations /s at this size "
+            "| page of GET /api/v1/agents p50 / p99 ms |",
+            "|---|---|---|---|---|---|",
         ]
-    return "\n".join(lines) + "\n"
+        for size, step in sorted(f["sizes"].items(), key=lambda kv: int(kv[0])):
+            r = step["routing"]
+            lines.append(
+                f"| {int(size):,} | {_fmt(r['p50_ms'])} | {_fmt(r['p99_ms'])} "
+                f"| {_fmt(r['errors'])} | {_fmt(step['registrations_per_s_at_size'])} "
+                f"| {_fmt(step['page']['p50_ms'])} / {_fmt(step['page']['p99_ms'])} |"
+            )
+        hb = f.get("heartbeat_cpu_ms") or {}
+        idle = f.get("idle_fleet_cpu_per_s") or {}
+        lines += [
+            "",
+            f"One heartbeat costs {_fmt(hb.get('api'))} ms of API CPU "
+            f"({_fmt(f.get('heartbeats_per_s'))} heartbeats/s measured, "
+            f"{f.get('heartbeat_errors', 0)} failed). The idle fleet's own cost, CPU seconds "
+            "a second by process (heartbeats, and the hub probing every instance): "
+            + ", ".join(f"{k} {_fmt(v)}" for k, v in idle.items())
+            + ".",
+        ]
+    t = result.get("table_scale")
+    if t:
+        lines += [
+            "",
+            f"Table scale: saturated single hop {_fmt(t['empty_rate'])} msg/s on an empty "
+            f"store, {_fmt(t['full_rate'])} msg/s with {t['rows']:,} finished tasks "
+            f"(medians of {len(t['runs']['empty'])} alternating runs; "
+            f"{_throughput_change(t['loss_pct'])}).",
+        ]
+    return lines
+
+
+def _throughput_change(loss_pct: float | None) -> str:
+    """``loss_pct`` is the full store's throughput shortfall against the empty one's: a
+    negative shortfall is a gain, said as such (not as "-5 % lost")."""
+    if loss_pct is None:
+        return "no rate on the empty store to compare with"
+    if loss_pct >= 0:
+        return f"{_fmt(loss_pct)} % less throughput with the rows"
+    return f"{_fmt(-loss_pct)} % more throughput with the rows"
 
 
 def flow_lines(f: dict[str, Any]) -> list[str]:

@@ -11,7 +11,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -21,9 +21,11 @@ from sqlalchemy import create_engine, text
 from bench import clients
 from bench.loadgen import Job, run_open_loop
 from bench.processes import Hub, MockAgent, PeakRss, wait_routable
-from bench.stats import Sample, Summary, summarise, sustainable
+from bench.stats import Sample, Summary, ladder, percentile, summarise, sustainable
 
 TERMINAL = ("success", "failed", "dead", "cancelled")
+LADDER_CEILING = 5000.0
+NO_HUB = "http://127.0.0.1:1"  # where agents of a hub-less run look for one (nothing)
 WARM_UP = 10_000_000  # warm-up requests' sequence numbers start here (see Bench.measure)
 
 
@@ -35,13 +37,20 @@ class Plan:
 
     level: str = "full"
     single_rate: float = 100.0
-    two_hop_rate: float = 50.0
-    broadcast_rate: float = 20.0
     fault_rate: float = 30.0  # 20 callers at 1.5 requests a second each
     fault_callers: int = 20
     # a caller waits longer than the whole retry schedule (1+2+4+8+16 s, +20 % jitter):
     # every accepted task must end (success or dead letter) before its caller gives up
     fault_wait: float = 45.0
+
+    @property
+    def two_hop_rate(self) -> float:
+        return 20.0 if self.level == "smoke" else 100.0
+
+    @property
+    def broadcast_rate(self) -> float:
+        """Broadcasts a second (x5 deliveries): the field's 50/s; the smoke run's 5/s."""
+        return 5.0 if self.level == "smoke" else 50.0
 
     @property
     def quick(self) -> bool:
@@ -52,16 +61,82 @@ class Plan:
         return {"smoke": 2.0, "quick": 5.0}.get(self.level, 30.0)
 
     @property
+    def fleet_sizes(self) -> list[int]:
+        """Idle instances beside the echo agent at each measurement (``bench.fleet``)."""
+        return {"smoke": [0, 20], "quick": [0, 500]}.get(self.level, [0, 500, 2000])
+
+    @property
+    def fleet_rate(self) -> float:
+        """Single hops a second routed by capability while the fleet heartbeats."""
+        return {"smoke": 5.0, "quick": 50.0}.get(self.level, 100.0)
+
+    @property
+    def fleet_probe_registrations(self) -> int:
+        """Registrations timed at each fleet size (beyond those that grew it)."""
+        return 10 if self.level == "smoke" else 100
+
+    @property
+    def table_rows(self) -> int:
+        """Finished tasks in the store for the table-scale run (3 events each)."""
+        return {"smoke": 1_000, "quick": 100_000}.get(self.level, 1_000_000)
+
+    @property
+    def soak_rate(self) -> float:
+        """The soak's single hops a second (the flaky agent gets ``fault_rate`` beside)."""
+        return 10.0 if self.level == "smoke" else self.single_rate
+
+    @property
+    def soak_fault_rate(self) -> float:
+        return 3.0 if self.level == "smoke" else self.fault_rate
+
+    @property
+    def soak_duration(self) -> float:
+        return {"smoke": 12.0, "quick": 120.0}.get(self.level, 1800.0)
+
+    @property
+    def soak_window(self) -> float:
+        """The windows compared with the first (p99, RSS): 5 minutes in the full run."""
+        return {"smoke": 4.0, "quick": 30.0}.get(self.level, 300.0)
+
+    @property
+    def soak_flap(self) -> tuple[float, float]:
+        """The flaky agent's outage and its period, seconds (down, then up the rest)."""
+        return {"smoke": (2.0, 6.0), "quick": (10.0, 30.0)}.get(self.level, (20.0, 60.0))
+
+    @property
+    def cost_rate(self) -> float:
+        """The open-loop rate at which CPU per message is read (well below saturation)."""
+        return 20.0 if self.level == "smoke" else 50.0
+
+    @property
+    def cost_duration(self) -> float:
+        return {"smoke": 2.0, "quick": 15.0}.get(self.level, 30.0)
+
+    @property
     def step_duration(self) -> float:
         return {"smoke": 2.0, "quick": 4.0}.get(self.level, 10.0)
 
     @property
     def max_rates(self) -> list[float]:
+        """The throughput ladder's steps, climbed until one is not sustained (for the hub
+        and both baselines alike). The ceiling only bounds a runaway: no system here
+        comes near it. The smoke run climbs two steps and stops."""
         if self.level == "smoke":
-            return [20.0, 40.0]
+            return ladder(20.0, 2.0, 40.0)
         if self.level == "quick":
-            return [80.0, 120.0]
-        return [60.0, 80.0, 100.0, 120.0, 150.0, 200.0, 250.0, 300.0]
+            return ladder(40.0, 1.5, LADDER_CEILING)
+        return ladder(40.0, 1.25, LADDER_CEILING)
+
+    @property
+    def repeats(self) -> int:
+        """Runs of each scenario: the table reports the median and the spread."""
+        return 1 if self.level == "smoke" else 3
+
+    @property
+    def settings(self) -> list[tuple[str, int]]:
+        """Worker settings (pool, concurrency) the hub and plain Celery are also laddered
+        at, after the default (prefork x4): each is reported at its best too."""
+        return [] if self.level == "smoke" else [("prefork", 2)]
 
     @property
     def token_rounds(self) -> int:
@@ -76,6 +151,11 @@ class Plan:
     def token_rate(self) -> float:
         """An open-loop rate both configurations sustain, for the latency columns."""
         return 20.0 if self.level == "smoke" else 50.0
+
+    @property
+    def channel_rate(self) -> float:
+        """An open-loop rate HTTP and channel delivery both sustain, for comparing p50."""
+        return 5.0 if self.level == "smoke" else 10.0
 
     @property
     def fault_phases(self) -> tuple[float, float, float]:
@@ -194,11 +274,14 @@ class Bench:
         self, agent_id: str, count: int = 1, *, mode: str = "sync", latency: float = 0.0, **kw: Any
     ) -> list[MockAgent]:
         if agent_id not in self.agents:
+            # without a hub (the baselines run with it stopped) the agent serves anyway
+            hub_url = self.hub.url or NO_HUB
             self.agents[agent_id] = [
-                MockAgent(self.hub.url, agent_id, self.home, mode, latency, **kw).start()
+                MockAgent(hub_url, agent_id, self.home, mode, latency, **kw).start()
                 for _ in range(count)
             ]
-            wait_routable(self.hub.url, [agent_id])
+            if self.hub.url:
+                wait_routable(self.hub.url, [agent_id])
         return self.agents[agent_id]
 
     def stop_agents(self) -> None:
@@ -360,16 +443,20 @@ def inflight(bench: Bench, max_throughput: float) -> tuple[Summary, dict[str, An
     summary = summarise(
         samples, wall, offered_rate=count / 0.5, lost=bench.lost(prefix), peak_rss_mb=rss.peak_mb
     )
-    limit = 1.0 + 1.25 * count / max_throughput if max_throughput else float("nan")
+    limit = 1.0 + count / max_throughput if max_throughput else float("nan")
     return summary, {"tasks": count, "wall_s": round(wall, 2), "wall_limit_s": round(limit, 2)}
 
 
-def closed_loop(bench: Bench, callers: int, duration: float, name: str = "closed") -> Summary:
+def closed_loop(
+    bench: Bench, callers: int, duration: float, name: str = "closed", agent_id: str = "echo"
+) -> Summary:
     """``callers`` threads each submitting a single hop and waiting for its answer, again
     and again: the completed rate at saturation. Coarser than the open loop for latency
     (it slows down with the system), finer for comparing two configurations' capacity,
-    which the open loop's rate ladder can only tell apart in steps of 20 msg/s."""
-    bench.agent("echo")
+    which the open loop's rate ladder can only tell apart in steps of 20 msg/s.
+    ``agent_id`` other than the bench's echo agent must already be running."""
+    if agent_id == "echo":
+        bench.agent("echo")
     prefix = bench.prefix(name)
     samples: list[Sample] = []
     lock = threading.Lock()
@@ -384,7 +471,7 @@ def closed_loop(bench: Bench, callers: int, duration: float, name: str = "closed
                 clients.hub_call(
                     bench.hub.url,
                     {
-                        "agent_id": "echo",
+                        "agent_id": agent_id,
                         "method": "bench.echo",
                         "payload": {"i": i},
                         "task_id": f"{prefix}{i}",
@@ -399,7 +486,12 @@ def closed_loop(bench: Bench, callers: int, duration: float, name: str = "closed
     def warm(i: int) -> None:
         clients.hub_call(
             bench.hub.url,
-            {"agent_id": "echo", "method": "bench.echo", "payload": {}, "task_id": f"{prefix}w{i}"},
+            {
+                "agent_id": agent_id,
+                "method": "bench.echo",
+                "payload": {},
+                "task_id": f"{prefix}w{i}",
+            },
         )
 
     run_open_loop(warm, 20.0, 1.0)
@@ -501,7 +593,7 @@ def fault(bench: Bench) -> tuple[Summary, dict[str, Any]]:
             kind = "error"
         with lock:
             outcomes[kind] = outcomes.get(kind, 0) + 1
-        if kind not in ("success", "fast_failure", "dead"):
+        if kind != "success":  # a refusal or a dead letter is an answer, not a success
             raise clients.CallFailed(kind)
 
     start = time.time()
@@ -546,7 +638,15 @@ def fault(bench: Bench) -> tuple[Summary, dict[str, Any]]:
     summary = summarise(
         samples, wall, offered_rate=rate, lost=bench.lost(prefix, drain=60), peak_rss_mb=rss.peak_mb
     )
+    # the row: rate and latency of successes; errors are callers left without a definitive
+    # answer; fast refusals and dead letters are columns of their own
+    summary = replace(summary, errors=outcomes.get("gave_up", 0) + outcomes.get("error", 0))
     return summary, {
+        "successes": outcomes.get("success", 0),
+        "fast_refusals": outcomes.get("fast_failure", 0),
+        "dead_letters": outcomes.get("dead", 0),
+        "refusal_p50_ms": _p50_of(samples, "fast_failure"),
+        "dead_letter_p50_ms": _p50_of(samples, "dead"),
         "timeline_per_s": timeline,
         "outage_from_s": down,
         "outage_to_s": up,
@@ -559,6 +659,12 @@ def fault(bench: Bench) -> tuple[Summary, dict[str, Any]]:
         "slowest_answer_s": round(max((x.latency_s for x in samples), default=0.0), 2),
         "tombstone_requests": len(tomb.times),
     }
+
+
+def _p50_of(samples: list[Sample], kind: str) -> float | None:
+    """The median time to a fault-run answer of this kind (a refusal, a dead letter)."""
+    values = [x.latency_s * 1000 for x in samples if not x.ok and x.error.endswith(kind)]
+    return round(percentile(values, 50), 1) if values else None
 
 
 def _fault_kind(message: str) -> str:

@@ -3,6 +3,8 @@
 The public surface is what ``__all__`` lists; everything else is internal.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from reach.errors import (
     AgentTimeout,
     AgentUnreachable,
@@ -35,6 +37,7 @@ from reach.errors import (
     ResultTimeout,
     RoutingError,
     SecurityError,
+    SemanticMatchingOff,
     SessionClosed,
     StaleReport,
     TaskConflict,
@@ -45,24 +48,73 @@ from reach.errors import (
     UnknownSession,
     UnknownTask,
 )
-from reach.schemas import Capability
-from reach.sdk.agent import ACCEPTED, Agent
-from reach.sdk.callbacks import verify_callback
-from reach.sdk.caller import (
-    BroadcastResult,
-    Submission,
-    TaskResult,
-    broadcast,
-    get_task,
-    report_progress,
-    report_result,
-    send,
-    wait_for_result,
-)
-from reach.sdk.sessions import close_session, get_session, open_session, session_alive
-from reach.sdk.stream import StreamEvent, stream
-from reach.sdk.tls import TLSConfig
-from reach.sdk.webhooks import verify_webhook
+
+# The SDK's members load on first use (PEP 562): a process that imports only
+# ``reach.errors`` or a CLI command that never builds an agent does not pay for pydantic
+# models, JSON Schema, JWT and HTTP clients at start-up.
+_LAZY = {
+    "Capability": "reach.schemas",
+    "ACCEPTED": "reach.sdk.agent",
+    "Agent": "reach.sdk.agent",
+    "verify_callback": "reach.sdk.callbacks",
+    "BroadcastResult": "reach.sdk.caller",
+    "Match": "reach.sdk.caller",
+    "Submission": "reach.sdk.caller",
+    "TaskResult": "reach.sdk.caller",
+    "broadcast": "reach.sdk.caller",
+    "find": "reach.sdk.caller",
+    "get_task": "reach.sdk.caller",
+    "report_progress": "reach.sdk.caller",
+    "report_result": "reach.sdk.caller",
+    "send": "reach.sdk.caller",
+    "wait_for_result": "reach.sdk.caller",
+    "close_session": "reach.sdk.sessions",
+    "get_session": "reach.sdk.sessions",
+    "open_session": "reach.sdk.sessions",
+    "session_alive": "reach.sdk.sessions",
+    "StreamEvent": "reach.sdk.stream",
+    "stream": "reach.sdk.stream",
+    "TLSConfig": "reach.sdk.tls",
+    "verify_webhook": "reach.sdk.webhooks",
+}
+
+if TYPE_CHECKING:
+    from reach.schemas import Capability
+    from reach.sdk.agent import ACCEPTED, Agent
+    from reach.sdk.callbacks import verify_callback
+    from reach.sdk.caller import (
+        BroadcastResult,
+        Match,
+        Submission,
+        TaskResult,
+        broadcast,
+        find,
+        get_task,
+        report_progress,
+        report_result,
+        send,
+        wait_for_result,
+    )
+    from reach.sdk.sessions import close_session, get_session, open_session, session_alive
+    from reach.sdk.stream import StreamEvent, stream
+    from reach.sdk.tls import TLSConfig
+    from reach.sdk.webhooks import verify_webhook
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'reach' has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(module), name)
+    globals()[name] = value  # once loaded, a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __version__ = "0.1.0"
 
@@ -94,6 +146,7 @@ __all__ = [
     "InvalidTaskRequest",
     "LoopDetected",
     "LoopbackAddress",
+    "Match",
     "NoSuitableAgent",
     "ProtocolError",
     "ReachError",
@@ -102,6 +155,7 @@ __all__ = [
     "ResultTimeout",
     "RoutingError",
     "SecurityError",
+    "SemanticMatchingOff",
     "SessionClosed",
     "StaleReport",
     "StreamEvent",
@@ -118,6 +172,7 @@ __all__ = [
     "__version__",
     "broadcast",
     "close_session",
+    "find",
     "get_session",
     "get_task",
     "open_session",

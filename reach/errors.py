@@ -6,10 +6,13 @@
     │   ├── InvalidRegistration     body or capability declaration rejected
     │   ├── LoopbackAddress         a loopback endpoint without allow_loopback
     │   ├── RegistrationConflict    same agent/instance declared differently
-    │   └── UnknownInstance         heartbeat/deregister for an instance we never saw
+    │   ├── UnknownInstance         heartbeat/deregister for an instance we never saw
+    │   ├── InvalidAgentCard        an A2A agent card that is not one the hub can reach
+    │   └── AgentCardUnavailable    an A2A agent card that could not be fetched
     ├── RoutingError
-    │   ├── NoSuitableAgent
-    │   └── CircuitOpen             every matching instance's circuit breaker is open
+    │   ├── NoSuitableAgent         nothing matches (an intent: nothing at the threshold)
+    │   ├── CircuitOpen             every matching instance's circuit breaker is open
+    │   └── SemanticMatchingOff     an intent, but this hub has no embedding model
     ├── DeliveryError
     │   ├── AgentUnreachable
     │   ├── AgentTimeout
@@ -46,7 +49,9 @@
     │   └── PayloadChanged          the task's payload no longer matches what was requested
     ├── LoopDetected                a reach would repeat an agent of its path, or exceed max_hops
     ├── UnknownSession              no session with this id
-    └── SessionClosed               the reach's session is closed: refused or cancelled
+    ├── SessionClosed               the reach's session is closed: refused or cancelled
+    └── InvalidQuery                a listing's filter, time range or limit is not valid
+        └── BadCursor               a page cursor that is garbage, tampered or of another list
 
 Every class carries a stable problem ``slug``; the API turns it into the
 ``type`` of an ``application/problem+json`` answer and the SDK turns such an
@@ -149,6 +154,22 @@ class UnknownInstance(RegistryError):
     title = "Unknown instance"
 
 
+class InvalidAgentCard(RegistryError):
+    """An A2A agent card is malformed, or declares nothing the hub can reach it by."""
+
+    slug = "invalid-agent-card"
+    status = 422
+    title = "Invalid agent card"
+
+
+class AgentCardUnavailable(RegistryError):
+    """An A2A agent card could not be fetched (refused, timed out, not JSON, not 200)."""
+
+    slug = "agent-card-unavailable"
+    status = 502
+    title = "Agent card unavailable"
+
+
 class UnknownAgent(RegistryError):
     """No agent with this ID is registered."""
 
@@ -171,6 +192,14 @@ class NoSuitableAgent(RoutingError):
     slug = "no-suitable-agent"
     status = 404
     title = "No suitable agent"
+
+
+class SemanticMatchingOff(RoutingError):
+    """An intent was given, but this hub has no embedding model (``reason`` says why)."""
+
+    slug = "semantic-matching-off"
+    status = 501
+    title = "Semantic matching is off"
 
 
 class CircuitOpen(RoutingError):
@@ -513,6 +542,22 @@ class MalformedRequest(ReachError):
     slug = "malformed-request"
     status = 400
     title = "Malformed request"
+
+
+class InvalidQuery(ReachError):
+    """A listing's filter, time range or limit is not valid (the parameter named)."""
+
+    slug = "invalid-query"
+    status = 422
+    title = "Invalid query"
+
+
+class BadCursor(InvalidQuery):
+    """A page cursor that is garbage, was tampered with, or belongs to another listing."""
+
+    slug = "bad-cursor"
+    status = 400
+    title = "Bad cursor"
 
 
 def _all_subclasses(cls: type[ReachError]) -> list[type[ReachError]]:

@@ -18,6 +18,8 @@ AgentId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")]
 InstanceId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")]
 Tag = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,63}$")]
 CapabilityType = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")]
+Example = Annotated[str, Field(min_length=1, max_length=300)]
+Intent = Annotated[str, Field(min_length=1, max_length=1000, pattern=r"\S")]
 MetadataValue = str | int | float | bool
 
 
@@ -44,6 +46,11 @@ class Capability(WireModel):
     estimated_latency: float | None = Field(None, ge=0, description="milliseconds")
     danger_level: Literal["low", "medium", "high"] = "low"
     require_approval: bool = False
+    examples: list[Example] = Field(
+        default_factory=list,
+        max_length=32,
+        description="phrases a caller might use for this capability (semantic matching)",
+    )
 
     @field_validator("params_schema")
     @classmethod
@@ -153,13 +160,18 @@ Priority = Literal["online", "background"]
 
 
 class SubmitRequest(WireModel):
-    """``POST /v1/tasks``: one message to one agent, chosen by ID, tags or capability."""
+    """``POST /v1/tasks``: one message to one agent, chosen by ID, tags or capability, or
+    by ``intent`` (words: the hub matches them to a declared capability by meaning, among
+    the agents the other fields allow; ``method`` is then the matched capability)."""
 
     task_id: TaskId | None = None
     agent_id: AgentId | None = None
     tags: list[Tag] = Field(default_factory=list, max_length=64)
     capability: CapabilityType | None = None
-    method: Method
+    intent: Intent | None = Field(
+        None, description="what the caller needs, in words (semantic capability matching)"
+    )
+    method: Method | None = Field(None, description="required unless an intent is given")
     payload: dict[str, Any] = Field(default_factory=dict)
     rules: dict[Annotated[str, Field(max_length=64)], MetadataValue] = Field(
         default_factory=dict, max_length=32, description="agent metadata that must match"
@@ -185,11 +197,29 @@ class SubmitRequest(WireModel):
 
     @model_validator(mode="after")
     def _has_target(self) -> SubmitRequest:
-        if not (self.agent_id or self.tags or self.capability):
+        if not (self.agent_id or self.tags or self.capability or self.intent):
             raise ValueError(
-                "name a target: agent_id, tags or capability (never a blind broadcast)"
+                "name a target: agent_id, tags, capability or intent (never a blind broadcast)"
             )
+        if self.method is None and self.intent is None:
+            raise ValueError("method is required (or give an intent: the match names it)")
         return self
+
+
+class MatchCandidate(WireModel):
+    """One capability that matches an intent: ``score`` is the cosine similarity."""
+
+    agent_id: str
+    capability: str
+    score: float
+
+
+class MatchResponse(WireModel):
+    """``GET /v1/match``: the candidates at or above the threshold, best first."""
+
+    intent: str
+    threshold: float
+    candidates: list[MatchCandidate]
 
 
 AttemptSeq = Annotated[int, Field(ge=1, le=DB_INT_MAX)]

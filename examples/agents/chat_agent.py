@@ -45,7 +45,17 @@ def build_agent(port: int, hub: str | None, heartbeat_interval: float) -> reach.
         capabilities=[
             {
                 "type": "chat.compose",
-                "description": "Write the answer for the user (or an escalation note).",
+                "description": (
+                    "Write the answer for the user from figures and explanations, or an "
+                    "escalation note."
+                ),
+                "examples": [
+                    "write a reply to the customer",
+                    "compose a short answer for the user",
+                    "draft an escalation note for a human",
+                    "turn these figures into a message for the user",
+                    "word the final answer",
+                ],
                 "params_schema": {
                     "type": "object",
                     "properties": {

@@ -20,7 +20,17 @@ def build_agent(port: int, hub: str | None, heartbeat_interval: float) -> reach.
         capabilities=[
             {
                 "type": "task.process",
-                "description": "Analyse a document and return simple statistics.",
+                "description": (
+                    "Analyse a document and return simple statistics about it, such as its "
+                    "word count."
+                ),
+                "examples": [
+                    "analyse this document",
+                    "how many words are in this text",
+                    "count the words of a file",
+                    "give me statistics about a document",
+                    "inspect a document and report its length",
+                ],
                 "params_schema": {
                     "type": "object",
                     "properties": {"doc_id": {"type": "string"}, "text": {"type": "string"}},

@@ -55,7 +55,18 @@ def build_agent(port: int, hub: str | None, heartbeat_interval: float) -> reach.
         capabilities=[
             {
                 "type": "knowledge.explain",
-                "description": "Explain what drove a region's sales, optionally from one angle.",
+                "description": (
+                    "Explain what drove a region's sales, optionally from a pricing or supply "
+                    "angle."
+                ),
+                "examples": [
+                    "why did sales drop in the north",
+                    "explain the revenue trend of a region",
+                    "what caused the sales increase",
+                    "is pricing behind the decline",
+                    "why is revenue falling",
+                    "did supply problems hurt sales",
+                ],
                 "params_schema": {
                     "type": "object",
                     "properties": {

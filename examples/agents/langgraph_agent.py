@@ -98,6 +98,12 @@ def build_agent(addr: str, hub: str | None, heartbeat_interval: float) -> reach.
             {
                 "type": "ticket.triage",
                 "description": "Classify a support ticket and route it to a team.",
+                "examples": [
+                    "triage this support ticket",
+                    "which team should handle this complaint",
+                    "classify a customer request as billing or technical",
+                    "how urgent is this support issue",
+                ],
                 "params_schema": {
                     "type": "object",
                     "properties": {"text": {"type": "string", "minLength": 1}},

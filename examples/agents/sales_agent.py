@@ -8,9 +8,13 @@ schema does not list ("nowhere") is refused by the hub before it is queued; "sou
 known region without data and answers business error 404, so a DAG run can show the
 failure path.
 
-``orders.cancel`` is the demo's dangerous capability (``danger_level: high``): the hub
-parks each such task in ``awaiting_approval`` until a human approves it (``reach
-approvals approve ID``); only then is it delivered here.
+``orders.cancel`` and ``orders.refund`` are the demo's dangerous capabilities
+(``danger_level: high``): the hub parks each such task in ``awaiting_approval`` until a
+human approves it (``reach approvals approve ID``); only then is it delivered here.
+
+Every capability has a description and examples, so a caller may also ask in words:
+``reach.send(intent="refund a damaged order", payload={"order_id": "o-1"})`` is matched
+to ``orders.refund`` (semantic matching, ``pip install 'agent-reach[semantic]'``).
 """
 
 from __future__ import annotations
@@ -47,6 +51,13 @@ def build_agent(port: int, hub: str | None, heartbeat_interval: float) -> reach.
             {
                 "type": "sales.fetch",
                 "description": "Monthly revenue rows and their total for one region.",
+                "examples": [
+                    "sales figures for the east region",
+                    "how much revenue did the west make",
+                    "monthly revenue for a region",
+                    "get the sales numbers for the south",
+                    "show me the revenue by month",
+                ],
                 "params_schema": {
                     "type": "object",
                     "properties": {"region": {"type": "string", "enum": REGIONS}},
@@ -76,6 +87,12 @@ def build_agent(port: int, hub: str | None, heartbeat_interval: float) -> reach.
             {
                 "type": "orders.cancel",
                 "description": "Cancel a customer order (irreversible: a human approves it).",
+                "examples": [
+                    "cancel my order",
+                    "the customer wants to cancel order 1234",
+                    "stop this order before it ships",
+                    "call off a purchase",
+                ],
                 "danger_level": "high",
                 "params_schema": {
                     "type": "object",
@@ -91,6 +108,41 @@ def build_agent(port: int, hub: str | None, heartbeat_interval: float) -> reach.
                     "properties": {
                         "order_id": {"type": "string"},
                         "status": {"type": "string"},
+                    },
+                    "required": ["order_id", "status"],
+                },
+                "estimated_latency": 20,
+            },
+            {
+                "type": "orders.refund",
+                "description": (
+                    "Refund a customer order in full or in part (money leaves the company: "
+                    "a human approves it)."
+                ),
+                "examples": [
+                    "refund a damaged order",
+                    "give the customer their money back",
+                    "the item arrived broken, reimburse the buyer",
+                    "issue a partial refund",
+                    "pay a customer back for a faulty product",
+                ],
+                "danger_level": "high",
+                "params_schema": {
+                    "type": "object",
+                    "properties": {
+                        "order_id": {"type": "string", "minLength": 1, "maxLength": 64},
+                        "amount": {"type": "number", "exclusiveMinimum": 0},
+                        "reason": {"type": "string", "maxLength": 500},
+                    },
+                    "required": ["order_id"],
+                    "additionalProperties": False,
+                },
+                "return_schema": {
+                    "type": "object",
+                    "properties": {
+                        "order_id": {"type": "string"},
+                        "status": {"type": "string"},
+                        "amount": {"type": ["number", "null"]},
                     },
                     "required": ["order_id", "status"],
                 },
@@ -114,6 +166,14 @@ def build_agent(port: int, hub: str | None, heartbeat_interval: float) -> reach.
         # reached only once a human approved this very payload (the hub binds the two)
         logging.getLogger("sales-agent").info("cancelling order %s", payload["order_id"])
         return {"order_id": payload["order_id"], "status": "cancelled"}
+
+    @agent.route("orders.refund")
+    def refund(task_id: str, payload: dict) -> dict:
+        # like a cancel: reached only once a human approved this very payload
+        amount = payload.get("amount")
+        log = logging.getLogger("sales-agent")
+        log.info("refunding order %s (amount %s)", payload["order_id"], amount)
+        return {"order_id": payload["order_id"], "status": "refunded", "amount": amount}
 
     return agent
 

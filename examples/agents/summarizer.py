@@ -20,6 +20,14 @@ def build_agent(port: int, hub: str | None, heartbeat_interval: float) -> reach.
         capabilities=[
             {
                 "type": "text.summarize",
+                "description": "Summarise a text: its gist in one sentence.",
+                "examples": [
+                    "summarise this article",
+                    "give me the gist of this text",
+                    "shorten this long text to one sentence",
+                    "tl;dr of this report",
+                    "what is this text about, briefly",
+                ],
                 "params_schema": {
                     "type": "object",
                     "properties": {"text": {"type": "string", "maxLength": 100000}},

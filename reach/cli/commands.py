@@ -10,18 +10,20 @@ import os
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from reach.cli.approvals import approvals_app
 from reach.cli.certs import certs_app
+from reach.cli.columns import Output
 from reach.cli.keys import keys_app
+from reach.cli.listings import OutputOption, alerts_list, dag_list, print_agents, tasks_list
 from reach.cli.options import ApiKeyOption, HubOption
 from reach.cli.options import fail as _fail
 from reach.cli.rendering import (
-    agents_table,
     allow_list_lines,
     approval_state_line,
     audit_tables,
@@ -33,8 +35,12 @@ from reach.cli.rendering import (
 from reach.cli.sessions import sessions_app
 from reach.core.priority import WORKER_QUEUES
 from reach.core.trust import TrustLevel
-from reach.errors import ConfigError, ReachError
-from reach.hub.settings import Settings, load_settings
+from reach.errors import ConfigError, NoSuitableAgent, ReachError
+
+if TYPE_CHECKING:
+    from reach.hub.settings import Settings
+
+FLEET_PAGE = 500  # agents per page `reach agents` asks for (it follows every page)
 
 app = typer.Typer(help="Agent-Reach: the reach layer between AI agents.", no_args_is_help=True)
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
@@ -48,6 +54,8 @@ err_console = Console(stderr=True, soft_wrap=True)
 
 
 def _settings() -> Settings:
+    from reach.hub.settings import load_settings  # pydantic-settings: only where needed
+
     try:
         settings = load_settings()
     except ConfigError as exc:
@@ -61,6 +69,29 @@ def _settings() -> Settings:
     return settings
 
 
+def _announce_semantic(ctx: Any) -> None:
+    """Say at start-up whether semantic matching is on (``router.semantic: on`` without
+    the extra stops here), and let its model-loading lines reach the API's log."""
+    import logging
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
+    for name in ("reach.hub.matching", "reach.hub.embeddings"):
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.INFO)
+        logger.addHandler(handler)
+    try:
+        semantic = ctx.matcher.availability
+    except ConfigError as exc:  # escaped: "[semantic]" is no markup
+        err_console.print(f"[red]configuration error:[/red] {escape(str(exc))}")
+        raise typer.Exit(2) from None
+    log = logging.getLogger("reach.hub.matching")
+    if semantic.on:
+        log.info("semantic matching is on: %s", semantic.reason)
+    else:
+        log.info("semantic matching is off: %s", semantic.reason)
+
+
 @app.command()
 def up(
     port: Annotated[int | None, typer.Option(help="API port (default: server.port)")] = None,
@@ -69,8 +100,15 @@ def up(
     ] = False,
     concurrency: Annotated[int, typer.Option(help="Worker concurrency")] = 2,
     demo_port: Annotated[int, typer.Option(help="First port of the demo agents")] = 7101,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose", "-v", help="Stream every process's log here instead of <home>/logs/"
+        ),
+    ] = False,
 ) -> None:
-    """Run API, worker, beat (and demo agents) in one command."""
+    """Run API, worker, beat (and demo agents) in one command: a short banner here, their
+    logs in <home>/logs/ (.reach/logs/ unless REACH_HOME says otherwise)."""
     from reach.cli.supervisor import run_up
 
     settings = _settings()
@@ -81,6 +119,7 @@ def up(
             demo=not no_demo,
             concurrency=concurrency,
             demo_port=demo_port,
+            verbose=verbose,
         )
     )
 
@@ -89,6 +128,14 @@ def up(
 def api(
     port: Annotated[int | None, typer.Option(help="Port (default: server.port)")] = None,
     host: Annotated[str | None, typer.Option(help="Bind address (default: server.host)")] = None,
+    reuse_port: Annotated[
+        bool,
+        typer.Option(
+            "--reuse-port",
+            help="Bind with SO_REUSEPORT: several `reach api` on one port share its "
+            "connections (Linux; not with server.admin_port)",
+        ),
+    ] = False,
 ) -> None:
     """Run the HTTP API."""
     settings = _settings()  # first: it points prometheus_client at the shared directory
@@ -103,6 +150,7 @@ def api(
         err_console.print(f"[red]database not ready:[/red] {problem}")
         raise typer.Exit(2)
     ctx = HubContext.from_settings(settings)
+    _announce_semantic(ctx)
     bind = host or settings.server.host
     from reach.core.auth import auth_required
     from reach.hub.api.serve import KEEP_ALIVE_S, serve_together
@@ -111,6 +159,15 @@ def api(
     require_auth = auth_required(settings.security.require_auth, bind)
     if not require_auth:
         err_console.print(f"auth is off: the API on {bind} takes requests without API keys")
+    if reuse_port:
+        if settings.server.admin_port is not None:
+            err_console.print("[red]--reuse-port serves one port: server.admin_port is set[/red]")
+            raise typer.Exit(2)
+        from reach.hub.api.serve import reuse_port_socket, serve_on
+
+        sock = reuse_port_socket(bind, port or settings.server.port)
+        serve_on(create_app(ctx, require_auth=require_auth), sock)
+        return
     if settings.server.admin_port is None:
         uvicorn.run(
             create_app(ctx, require_auth=require_auth),
@@ -178,6 +235,11 @@ def worker(
         "-Q",
         queues,
         f"--loglevel={loglevel}",
+        # mingle (revoked-task sync between workers, a 1 s wait on every broker
+        # (re)connection) and gossip (worker-to-worker events) serve nothing here: tasks
+        # are never revoked, and Flower follows the workers through their events
+        "--without-mingle",
+        "--without-gossip",
     ]
     if hostname:
         argv.append(f"--hostname={hostname}")
@@ -222,8 +284,14 @@ def beat(loglevel: Annotated[str, typer.Option(help="Log level")] = "INFO") -> N
 
 @app.command()
 def flower(port: Annotated[int, typer.Option(help="Flower port")] = 5555) -> None:
-    """Run Flower against the configured broker."""
-    _settings()
+    """Run Flower against the configured broker (Redis or RabbitMQ; see reach.cli.flower)."""
+    from reach.cli.flower import flower_refusal
+
+    settings = _settings()
+    refusal = flower_refusal(settings.storage.resolved_broker_url)
+    if refusal:  # on the embedded broker Flower would start and show an empty page
+        err_console.print(refusal, markup=False, highlight=False)
+        raise typer.Exit(2)
     from reach.worker.app import app as celery_app
 
     celery_app.start(["flower", f"--port={port}", "--address=127.0.0.1"])
@@ -243,26 +311,35 @@ def agents(
     tag: Annotated[list[str] | None, typer.Option(help="Only agents with this tag")] = None,
     capability: Annotated[str | None, typer.Option(help="Only agents with this capability")] = None,
     status: Annotated[str | None, typer.Option(help="Only instances in this status")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (as -o json)")] = False,
+    output: OutputOption = Output.TABLE,
     hub: HubOption = None,
     api_key: ApiKeyOption = None,
 ) -> None:
-    """List agents and their instances (or run one of the commands below on them)."""
+    """List agents and their instances (or run one of the commands below on them): full
+    agent IDs, 12-character instance IDs, the columns that fit the terminal; tab-separated
+    rows into a pipe."""
     from reach.sdk.hub_client import HubClient
 
     if ctx.invoked_subcommand is not None:
         return
     params: dict[str, Any] = {"tag": tag or [], "capability": capability, "status": status}
+    params = {k: v for k, v in params.items() if v}
+    client = HubClient(hub, api_key=api_key)
+    agents: list[dict[str, Any]] = []
+    cursor = None
     try:
-        body = HubClient(hub, api_key=api_key).get(
-            "/api/v1/agents", params={k: v for k, v in params.items() if v}
-        )
+        while True:  # the listing is paged: every page, in agent-ID order
+            page = client.get(
+                "/api/v1/agents", params={**params, "limit": FLEET_PAGE, "cursor": cursor}
+            )
+            agents += page["agents"]
+            cursor = page.get("next_cursor")
+            if not cursor:
+                break
     except ReachError as exc:
         _fail(exc)
-    if as_json:
-        print(json.dumps(body, indent=2))
-        return
-    console.print(agents_table(body["agents"]))
+    print_agents({"agents": agents}, Output.JSON if as_json else output)
 
 
 @agents_app.command("trust")
@@ -286,6 +363,58 @@ def agents_trust(
         print(json.dumps(body, indent=2))
         return
     console.print(f"agent {body['agent_id']}: trust {body['previous']} -> {body['trust_level']}")
+
+
+@agents_app.command("add-a2a")
+def agents_add_a2a(
+    url: Annotated[str, typer.Argument(help="The A2A agent's base URL (or its card's URL)")],
+    agent_id: Annotated[
+        str | None,
+        typer.Option("--agent-id", help="Register as this ID (default: from its name)"),
+    ] = None,
+    credential_env: Annotated[
+        str | None,
+        typer.Option(
+            "--credential-env",
+            help="Environment variable holding the secret for the card's security scheme",
+        ),
+    ] = None,
+    allow_loopback: Annotated[
+        bool, typer.Option("--allow-loopback", help="Accept a loopback card (local development)")
+    ] = False,
+    max_concurrency: Annotated[int, typer.Option(min=1, help="Deliveries at once")] = 8,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
+    hub: HubOption = None,
+    api_key: ApiKeyOption = None,
+) -> None:
+    """Register an A2A agent by its card (/.well-known/agent-card.json): its skills become
+    its capabilities and `reach send SKILL --agent ID` reaches it (admin key; audited)."""
+    from reach.sdk.hub_client import HubClient
+
+    body: dict[str, Any] = {
+        "card_url": url,
+        "allow_loopback": allow_loopback,
+        "max_concurrency": max_concurrency,
+    }
+    if agent_id:
+        body["agent_id"] = agent_id
+    if credential_env:
+        secret = os.environ.get(credential_env)
+        if not secret:
+            err_console.print(f"[red]{credential_env} is not set or empty[/red]")
+            raise typer.Exit(2)
+        body["credential"] = secret
+    try:
+        answer = HubClient(hub, api_key=api_key).post("/api/v1/agents/a2a", body)
+    except ReachError as exc:
+        _fail(exc)
+    if as_json:
+        print(json.dumps(answer, indent=2))
+        return
+    console.print(
+        f"agent {answer['agent_id']} ({answer['status']}): A2A at {answer['endpoint']}, "
+        f"skills {', '.join(answer['skills'])}"
+    )
 
 
 @agents_app.command("queue")
@@ -379,15 +508,23 @@ tasks_app = typer.Typer(help="Tasks.", no_args_is_help=True)
 dlq_app = typer.Typer(help="The dead-letter queue.", no_args_is_help=True)
 app.add_typer(tasks_app, name="tasks")
 app.add_typer(dlq_app, name="dlq")
+tasks_app.command("list")(tasks_list)
+app.command("alerts")(alerts_list)
 
 
 @app.command()
 def send(
-    method: Annotated[str, typer.Argument(help="Method (capability type) to call")],
+    method: Annotated[
+        str | None,
+        typer.Argument(help="Method (capability type) to call; with --intent, may be left out"),
+    ] = None,
     payload: Annotated[str, typer.Option(help="JSON object")] = "{}",
     agent_id: Annotated[str | None, typer.Option("--agent", help="Agent ID")] = None,
     tag: Annotated[list[str] | None, typer.Option(help="Required tag (repeatable)")] = None,
     capability: Annotated[str | None, typer.Option(help="Required capability")] = None,
+    intent: Annotated[
+        str | None, typer.Option(help="What is needed, in words: matched to a capability")
+    ] = None,
     task_id: Annotated[str | None, typer.Option(help="Task ID (idempotency key)")] = None,
     timeout_ms: Annotated[int, typer.Option(help="Task timeout (ms)")] = 30_000,
     wait: Annotated[float, typer.Option(help="Seconds to wait for the result (0: don't)")] = 30.0,
@@ -398,6 +535,9 @@ def send(
     from reach.sdk.caller import send as send_task
     from reach.sdk.caller import wait_for_result
 
+    if method is None and intent is None:
+        err_console.print("[red]name a METHOD, or give --intent[/red]")
+        raise typer.Exit(2)
     try:
         body = json.loads(payload)
     except ValueError as exc:
@@ -413,11 +553,14 @@ def send(
             agent_id=agent_id,
             tags=tag or (),
             capability=capability,
+            intent=intent,
             task_id=task_id,
             timeout_ms=timeout_ms,
             hub=hub,
             api_key=api_key,
         )
+        if intent is not None:
+            err_console.print(f"intent matched {sub.method} of {sub.agent_id}")
         if wait <= 0:
             print(json.dumps({"task_id": sub.task_id, "status": sub.status}))
             return
@@ -435,6 +578,45 @@ def send(
             indent=2,
         )
     )
+
+
+@app.command()
+def match(
+    intent: Annotated[str, typer.Argument(help="What is needed, in words")],
+    agent_id: Annotated[str | None, typer.Option("--agent", help="Agent ID")] = None,
+    tag: Annotated[list[str] | None, typer.Option(help="Required tag (repeatable)")] = None,
+    capability: Annotated[str | None, typer.Option(help="Required capability")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=50, help="Candidates shown")] = 5,
+    output: OutputOption = Output.TABLE,
+    hub: HubOption = None,
+    api_key: ApiKeyOption = None,
+) -> None:
+    """Which agents' capabilities an intent matches, best first (nothing is sent)."""
+    from reach.sdk.caller import find
+
+    try:
+        found = find(
+            intent,
+            agent_id=agent_id,
+            tags=tag or (),
+            capability=capability,
+            limit=limit,
+            hub=hub,
+            api_key=api_key,
+        )
+    except NoSuitableAgent as exc:  # the closest ones, and why they were not taken
+        for c in exc.extra.get("candidates") or []:
+            err_console.print(f"  {c['score']:.3f}  {c['capability']}  {c['agent_id']}")
+        _fail(exc)
+    except ReachError as exc:
+        _fail(exc)
+    rows = [{"agent_id": m.agent_id, "capability": m.capability, "score": m.score} for m in found]
+    if output is Output.JSON:
+        print(json.dumps({"intent": intent, "candidates": rows}, indent=2))
+        return
+    print("score\tcapability\tagent")
+    for row in rows:
+        print(f"{row['score']:.3f}\t{row['capability']}\t{row['agent_id']}")
 
 
 @tasks_app.command("show")
@@ -569,6 +751,7 @@ def dlq_replay(dead_id: int, hub: HubOption = None, api_key: ApiKeyOption = None
 
 dag_app = typer.Typer(help="DAG runs.", no_args_is_help=True)
 app.add_typer(dag_app, name="dag")
+dag_app.command("list")(dag_list)
 
 
 @dag_app.command("run")

@@ -16,15 +16,17 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.table import Table
-from sqlalchemy.orm import Session
 
 from reach.core.auth import Scope, parse_secret
 from reach.errors import ConfigError, ReachError
+
+if TYPE_CHECKING:  # the store is opened by the commands that need it, not at start-up
+    from sqlalchemy.orm import Session
 
 keys_app = typer.Typer(
     help="API keys and the hub's signing keys (run on the hub host).", no_args_is_help=True

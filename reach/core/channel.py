@@ -17,6 +17,7 @@ not to be trusted with the next delivery.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,3 +103,12 @@ def shown_endpoint(endpoint: str) -> str:
         return endpoint
     instance = tail.split("/", 1)[0]
     return f"{head}{_INTERNAL}{instance}/***"
+
+
+_SECRET_IN_TEXT = re.compile(r"(/internal/channel/[^/\s'\"]+/)[^/\s'\"]+")
+
+
+def redacted(text: str) -> str:
+    """``text`` (an error message, a URL) with every channel socket secret in it masked, as
+    ``shown_endpoint`` does: delivery errors quote the URL they failed on."""
+    return _SECRET_IN_TEXT.sub(r"\1***", text)

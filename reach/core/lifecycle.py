@@ -11,6 +11,8 @@ it derives its ``WHERE status IN (...)`` guards from `sources_of` and writes
        └──────retry──────┴──┴─────────retry────────────┘
     pending | dispatching | executing ──succeed / fail / dead_letter / cancel──▶ terminal
     awaiting_approval ──approve──▶ pending;  ──reject──▶ failed;  ──cancel──▶ cancelled
+    dispatching | executing ──wait──▶ waiting ──resume──▶ executing   (an A2A agent's
+    input-required / auth-required state, and its leaving it)
     dead ──replay──▶ pending
 
 Conditions beyond the status (the claim's ``attempt_seq``, the lease token, "first
@@ -46,6 +48,8 @@ class TaskEvent(StrEnum):
     APPROVE = "approve"
     REJECT = "reject"
     REPLAY = "replay"  # an operator gives a dead task a fresh attempt
+    WAIT = "wait"  # an A2A agent needs input or authorisation before it goes on
+    RESUME = "resume"  # ... and went on working
 
 
 _S = TaskStatus
@@ -56,7 +60,7 @@ TRANSITIONS: Final[Mapping[TaskEvent, tuple[frozenset[TaskStatus], TaskStatus]]]
         TaskEvent.CLAIM: (frozenset({_S.PENDING}), _S.DISPATCHING),
         TaskEvent.RECLAIM: (frozenset({_S.DISPATCHING}), _S.DISPATCHING),
         TaskEvent.ACCEPT: (frozenset({_S.DISPATCHING}), _S.EXECUTING),
-        TaskEvent.RETRY: (frozenset({_S.DISPATCHING, _S.EXECUTING}), _S.PENDING),
+        TaskEvent.RETRY: (frozenset({_S.DISPATCHING, _S.EXECUTING, _S.WAITING}), _S.PENDING),
         TaskEvent.SUCCEED: (_ALL_LIVE, _S.SUCCESS),
         TaskEvent.FAIL: (_ALL_LIVE, _S.FAILED),
         TaskEvent.DEAD_LETTER: (_ALL_LIVE, _S.DEAD),
@@ -64,6 +68,8 @@ TRANSITIONS: Final[Mapping[TaskEvent, tuple[frozenset[TaskStatus], TaskStatus]]]
         TaskEvent.APPROVE: (frozenset({_S.AWAITING_APPROVAL}), _S.PENDING),
         TaskEvent.REJECT: (frozenset({_S.AWAITING_APPROVAL}), _S.FAILED),
         TaskEvent.REPLAY: (frozenset({_S.DEAD}), _S.PENDING),
+        TaskEvent.WAIT: (frozenset({_S.DISPATCHING, _S.EXECUTING}), _S.WAITING),
+        TaskEvent.RESUME: (frozenset({_S.WAITING}), _S.EXECUTING),
     }
 )
 """event -> (the statuses it may happen in, the status it leads to)."""

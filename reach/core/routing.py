@@ -53,6 +53,7 @@ __all__ = [
     "eligibility",
     "matches",
     "rank",
+    "tier",
 ]
 
 MetadataValue: TypeAlias = str | int | float | bool
@@ -64,16 +65,19 @@ _ROUTABLE_STATUSES: Final = frozenset({InstanceStatus.ONLINE, InstanceStatus.DEG
 
 @dataclass(frozen=True, slots=True)
 class RouteFilter:
-    """What a task asks for: an agent ID, tags (all required), a capability, metadata rules.
+    """What a task asks for: an agent ID, tags (all required), a capability, metadata rules,
+    or an intent (words matched to a capability by meaning: ``reach.core.matching``).
 
-    At least one of `agent_id`, `tags` or `capability` must be given; `rules` only narrow a
-    selection, they never make one on their own.
+    At least one of `agent_id`, `tags`, `capability` or `intent` must be given; `rules` only
+    narrow a selection, they never make one on their own. Eligibility ignores `intent`: the
+    meaning is judged among the agents the other fields let through.
     """
 
     agent_id: str | None = None
     tags: tuple[str, ...] = ()
     capability: str | None = None
     rules: tuple[tuple[str, MetadataValue], ...] = ()
+    intent: str | None = None
 
     def __post_init__(self) -> None:
         # A bare string would be iterated character by character: tags="gpu" -> g, p, u.
@@ -83,9 +87,10 @@ class RouteFilter:
             not isinstance(rule, tuple) or len(rule) != 2 for rule in self.rules
         ):
             raise ValueError(f"rules: must be (key, value) pairs, got {self.rules!r}")
-        if not (self.agent_id or self.tags or self.capability):
+        if not (self.agent_id or self.tags or self.capability or self.intent):
             raise ValueError(
-                "a route filter needs agent_id, tags or capability (never a blind broadcast)"
+                "a route filter needs agent_id, tags, capability or intent "
+                "(never a blind broadcast)"
             )
 
     def describe(self) -> str:
@@ -98,6 +103,8 @@ class RouteFilter:
         if self.capability:
             parts.append(f"capability={self.capability}")
         parts.extend(f"{key}={value}" for key, value in self.rules)
+        if self.intent:
+            parts.append(f"intent={self.intent!r}")
         return ", ".join(parts)
 
 
@@ -119,6 +126,7 @@ class Candidate:
     breaker_open_until: float | None = None  # as the store said when this was loaded
     breaker_opened_at: float = 0.0
     trust_level: str = "L2"  # agents.trust_level: L1 (mTLS), L2 (default), L3 (allow-list)
+    protocol: str = "reach"  # instances.protocol: reach (the SDK's POST) or a2a (JSON-RPC)
 
     @property
     def load(self) -> float:
@@ -211,13 +219,13 @@ def matches(c: Candidate, flt: RouteFilter) -> bool:
     return eligibility(c, flt, None) is not None
 
 
-def _tier(c: Candidate) -> int:
+def tier(c: Candidate) -> int:
     """0 for an instance that can take work now, 1 for a demoted one (full or degraded)."""
     return 1 if c.at_capacity or c.status is InstanceStatus.DEGRADED else 0
 
 
 def _rank_key(c: Candidate) -> tuple[int, float, float, str]:
-    return (_tier(c), -c.reach_score, c.load, c.instance_id)
+    return (tier(c), -c.reach_score, c.load, c.instance_id)
 
 
 def rank(candidates: Sequence[Candidate], flt: RouteFilter) -> list[Candidate]:
@@ -242,7 +250,7 @@ def _pick(ranked: Sequence[Candidate], rng: random.Random, tie_margin: float) ->
     best = ranked[0]
     if len(ranked) >= 2:
         second = ranked[1]
-        if _tier(best) == _tier(second) and best.reach_score - second.reach_score <= tie_margin:
+        if tier(best) == tier(second) and best.reach_score - second.reach_score <= tie_margin:
             return rng.choice((best, second))
     return best
 

@@ -30,6 +30,7 @@ class TaskStatus(StrEnum):
     PENDING = "pending"  # an attempt is queued (first, retry or replay)
     DISPATCHING = "dispatching"  # a worker holds the attempt's lease and is calling the agent
     EXECUTING = "executing"  # the agent accepted (202); its result comes later
+    WAITING = "waiting"  # an A2A agent asked for input or authorisation (the caller's move)
     AWAITING_APPROVAL = "awaiting_approval"  # parked until a named human decides
     SUCCESS = "success"
     FAILED = "failed"
@@ -43,7 +44,9 @@ TERMINAL: Final = frozenset(
 """A task in one of these has its answer: the first terminal result wins, later ones are
 recorded as events only. ``dead`` is terminal too (only an operator's replay revives it)."""
 
-LIVE: Final = frozenset({TaskStatus.PENDING, TaskStatus.DISPATCHING, TaskStatus.EXECUTING})
+LIVE: Final = frozenset(
+    {TaskStatus.PENDING, TaskStatus.DISPATCHING, TaskStatus.EXECUTING, TaskStatus.WAITING}
+)
 """A task in delivery's hands: any of these may end (succeed, fail, die, be cancelled)."""
 
 

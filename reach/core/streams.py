@@ -39,6 +39,8 @@ STATUS_OF: Final[Mapping[str, str]] = {
     "accepted": "pending",
     "dispatched": "dispatching",
     "ack": "executing",
+    "waiting": "waiting",
+    "resumed": "executing",
     "retry": "pending",
     "replayed": "pending",
     "approval_requested": "awaiting_approval",

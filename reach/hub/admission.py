@@ -21,9 +21,9 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import func, select, text
+from sqlalchemy import Table, bindparam, func, select, text
 from sqlalchemy.orm import Session
 
 from reach.core import admission as decide
@@ -39,6 +39,7 @@ ENVELOPE_BYTES = 65_536
 the effective body limit (`body_limit`) never hides the payload cap behind a bare 413."""
 
 _LOCK_SPACE = 0x71756575  # "queu": the first key of the agent-queue advisory locks
+_LOCK = text("SELECT pg_advisory_xact_lock(:space, :key)")
 _LIVE = sorted(s.value for s in LIVE)
 _DONE = sorted(s.value for s in TERMINAL)
 
@@ -92,10 +93,7 @@ def admit(
         return
     if named and session.get_bind().dialect.name == "postgresql":
         for agent_id in sorted(set(agent_ids)):  # a stable order: no lock cycles
-            session.execute(
-                text("SELECT pg_advisory_xact_lock(:space, :key)"),
-                {"space": _LOCK_SPACE, "key": _lock_key(agent_id)},
-            )
+            session.connection().execute(_LOCK, {"space": _LOCK_SPACE, "key": _lock_key(agent_id)})
     queues = _queues(session, agent_ids, limits.max_queue)
     if decide.verdict(queues) is None:
         return
@@ -170,10 +168,22 @@ _DEPTH = (
 _QUEUES = select(
     AgentRow.agent_id, AgentRow.max_queue, AgentRow.max_queue_override, _DEPTH.label("depth")
 )
+# the hot path's form of it (every submit): built once, as Core (no ORM compile step)
+_AGENTS_T, _TASKS_T = cast(Table, AgentRow.__table__), cast(Table, TaskRow.__table__)
+_QUEUES_OF = select(
+    _AGENTS_T.c.agent_id,
+    _AGENTS_T.c.max_queue,
+    _AGENTS_T.c.max_queue_override,
+    select(func.count())
+    .where(_TASKS_T.c.agent_id == _AGENTS_T.c.agent_id, _TASKS_T.c.status.in_(_LIVE))
+    .correlate(_AGENTS_T)
+    .scalar_subquery()
+    .label("depth"),
+).where(_AGENTS_T.c.agent_id.in_(bindparam("b_agents", expanding=True)))
 
 
 def _queues(session: Session, agent_ids: Sequence[str], default: int) -> list[decide.Queue]:
-    rows = session.execute(_QUEUES.where(AgentRow.agent_id.in_(sorted(set(agent_ids)))))
+    rows = session.connection().execute(_QUEUES_OF, {"b_agents": sorted(set(agent_ids))})
     return [
         decide.Queue(
             agent_id=r.agent_id,

@@ -18,6 +18,7 @@ import ssl
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from urllib3.util.ssl_match_hostname import CertificateError
 
 from reach.core.trust import identity_name, mtls_refusal
 from reach.hub.settings import Settings
+from reach.sdk.stream import parse_sse
 
 _CHUNK = 65_536
 MAX_ANSWER_BYTES = 1_048_576  # as for payloads: larger results travel by reference
@@ -185,6 +187,10 @@ class AgentTransport:
                     refused=True,
                 )
             return AgentAnswer(None, None, f"{type(exc).__name__}: {exc}")
+        return self._answer(resp, deadline, total)
+
+    def _answer(self, resp: requests.Response, deadline: float, total: float) -> AgentAnswer:
+        """Read a whole answer against the attempt's deadline and the size cap."""
         try:
             raw = _read_body(resp, deadline, self._max_body_bytes)
         except _AnswerTooSlow:
@@ -209,6 +215,81 @@ class AgentTransport:
         except ValueError:
             payload = raw[:2000].decode("utf-8", "replace")
         return AgentAnswer(resp.status_code, payload)
+
+    def post_events(
+        self,
+        url: str,
+        body: dict[str, Any],
+        connect_timeout: float,
+        read_timeout: float,
+        on_event: Callable[[str], bool],
+        headers: dict[str, str] | None = None,
+    ) -> AgentAnswer:
+        """POST and read the answer as server-sent events, each event's data handed to
+        ``on_event`` as it arrives (it returns True to stop reading); one deadline of
+        ``connect + read`` seconds for the whole stream, as for `post`.
+
+        An answer that is not an event stream is read and returned as `post` would. A
+        stream that ends (or breaks, or runs out of time) answers ``AgentAnswer(200,
+        None)`` with ``error`` saying why it stopped early, if it did."""
+        session = self._session()
+        total = connect_timeout + read_timeout
+        deadline = time.monotonic() + total
+        try:
+            resp = session.post(
+                url,
+                data=json.dumps(body),
+                timeout=(connect_timeout, read_timeout),
+                headers={
+                    "Content-Type": "application/json",
+                    "Accept": "text/event-stream",
+                    **(headers or {}),
+                },
+                stream=True,
+            )
+        except requests.Timeout as exc:
+            return AgentAnswer(None, None, f"timed out: {exc}")
+        except requests.RequestException as exc:
+            return AgentAnswer(None, None, f"{type(exc).__name__}: {exc}")
+        if not resp.headers.get("Content-Type", "").startswith("text/event-stream"):
+            return self._answer(resp, deadline, total)
+        try:
+            for _kind, data, _id in parse_sse(_event_chunks(resp, deadline, self._max_body_bytes)):
+                if on_event(data):
+                    return AgentAnswer(200, None)
+            return AgentAnswer(200, None)
+        except _AnswerTooSlow:
+            return AgentAnswer(200, None, f"timed out: the stream outlived {total:.1f}s")
+        except _AnswerTooLarge:
+            return AgentAnswer(200, None, f"an event larger than {self._max_body_bytes} bytes")
+        except (requests.RequestException, OSError, urllib3.exceptions.HTTPError) as exc:
+            return AgentAnswer(200, None, f"the stream broke: {type(exc).__name__}: {exc}")
+        finally:
+            resp.close()
+
+
+def _chunks(resp: requests.Response, deadline: float) -> Iterator[bytes]:
+    """The body's chunks as they come, each read bounded by the time left."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise _AnswerTooSlow
+        _bound_next_read(resp, left)
+        chunk = resp.raw.read1(_CHUNK, decode_content=True)
+        if not chunk:
+            return
+        yield chunk
+
+
+def _event_chunks(resp: requests.Response, deadline: float, limit: int) -> Iterator[bytes]:
+    """`_chunks` of an event stream, where no event (the text since the last chunk
+    boundary) may grow past ``limit``."""
+    pending = 0
+    for chunk in _chunks(resp, deadline):
+        pending = 0 if b"\n\n" in chunk else pending + len(chunk)
+        if pending > limit:
+            raise _AnswerTooLarge
+        yield chunk
 
 
 class _PinnedAdapter(HTTPAdapter):
@@ -254,18 +335,12 @@ def _read_body(resp: requests.Response, deadline: float, limit: int) -> bytes:
         raise _AnswerTooLarge
     chunks: list[bytes] = []
     size = 0
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise _AnswerTooSlow
-        _bound_next_read(resp, left)
-        chunk = resp.raw.read1(_CHUNK, decode_content=True)
-        if not chunk:
-            return b"".join(chunks)
+    for chunk in _chunks(resp, deadline):
         size += len(chunk)
         if size > limit:
             raise _AnswerTooLarge
         chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _bound_next_read(resp: requests.Response, left: float) -> None:

@@ -39,7 +39,7 @@ from reach.core.scoring import ProbeSample
 from reach.hub import monitoring, registry
 from reach.hub.monitoring import Policy
 from reach.hub.probing import ProbeOutcome
-from reach.hub.storage.models import InstanceRow
+from reach.hub.storage.models import InstanceEventRow, InstanceRow
 from reach.schemas import RegisterRequest, RegisterResponse
 
 log = logging.getLogger("reach.hub.channel")
@@ -179,7 +179,15 @@ def register(
     """Register (or refresh) a channel instance at ``endpoint``; the prober leaves it be.
 
     A reconnect gets a new secret, maybe a new replica: the stored endpoint moves with it
-    (registration would refuse an HTTP instance that moved without deregistering)."""
+    (registration would refuse an HTTP instance that moved without deregistering).
+
+    The new socket also starts a new epoch of the instance's breaker
+    (``breaker_opened_at``, which keys its failure windows, see ``reach.hub.breakers``):
+    the failures counted so far were deliveries to the socket that is gone (its replica
+    died: refused; or it no longer held it: 503), and the agent has just answered on a new
+    one. An open breaker closes; stale attempts still failing on the old endpoint cannot
+    open it again. Before, the instance's tasks waited out the trial interval (30 s) after
+    every reconnect that followed a replica's death."""
     req = declared.model_copy(
         update={"addr": endpoint, "public_endpoint": None, "allow_loopback": True}
     )
@@ -192,6 +200,19 @@ def register(
         and is_channel_endpoint(row.endpoint)
     ):
         row.endpoint = endpoint
+        if row.breaker_open_until is not None:
+            session.add(
+                InstanceEventRow(
+                    instance_id=row.instance_id,
+                    agent_id=row.agent_id,
+                    kind="breaker_closed",
+                    detail={"opened_at": row.breaker_opened_at, "reason": "channel_reopened"},
+                    at=now,
+                )
+            )
+            row.breaker_open_until = None
+            row.consecutive_failure_count = 0
+        row.breaker_opened_at = now  # evidence from before this socket opens nothing
     answer = registry.register(session, req, now, policy)
     row = session.get(InstanceRow, req.instance_id)
     if row is not None:

@@ -20,6 +20,8 @@ from reach.hub import approval_webhook, callbacks
 from reach.hub.approvals import ApprovalPolicy
 from reach.hub.clock import Clock, SystemClock
 from reach.hub.delivery import DeliveryPolicy, Publish, mark_published, unmark_published
+from reach.hub.embeddings.backends.minilm import MiniLM, MiniLMInt8
+from reach.hub.matching import Matcher
 from reach.hub.monitoring import Policy
 from reach.hub.settings import Settings
 from reach.hub.shared_counts import SharedCounts
@@ -71,6 +73,20 @@ class HubContext:
     @cached_property
     def delivery_policy(self) -> DeliveryPolicy:
         return DeliveryPolicy.from_settings(self.settings)
+
+    @cached_property
+    def matcher(self) -> Matcher:
+        """Semantic capability matching (`reach.hub.matching`); the model loads on first
+        use, so building this costs a look for the packages and nothing more."""
+        router = self.settings.router
+        return Matcher(
+            router.semantic,
+            router.semantic_threshold,
+            router.semantic_margin,
+            self.write,
+            self.policy,
+            backend=MiniLMInt8 if router.semantic_quantize else MiniLM,
+        )
 
     @cached_property
     def shared_counts(self) -> SharedCounts:

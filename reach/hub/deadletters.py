@@ -1,8 +1,17 @@
-"""The dead-letter queue: tasks whose retries ran out, kept for an operator to inspect or replay."""
+"""The dead-letter queue: tasks whose retries ran out, kept for an operator to inspect or replay.
+
+`replay` revives one dead letter inside the caller's transaction; `replay_many` does
+exactly that for each of several, one transaction each (a refused one changes nothing
+and stops nothing), publishes each attempt after its commit, and says per item what
+happened.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any, Final
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -11,9 +20,15 @@ from reach.core import lifecycle
 from reach.core.lifecycle import TaskEvent
 from reach.core.priority import queue_for
 from reach.core.statuses import TaskStatus
-from reach.errors import IllegalTransition, TaskConflict, UnknownTask
+from reach.errors import IllegalTransition, InvalidQuery, ReachError, TaskConflict, UnknownTask
 from reach.hub.delivery import Publish, add_attempt, load_for_update, record_event
 from reach.hub.storage.models import DeadLetterRow
+
+if TYPE_CHECKING:
+    from reach.hub.context import HubContext
+
+MAX_REPLAY_MANY: Final = 200
+"""Dead letters one `replay_many` call may name (each is a transaction and a publish)."""
 
 
 def view(row: DeadLetterRow) -> dict[str, Any]:
@@ -78,3 +93,72 @@ def replay(session: Session, dead_id: int, now: float, actor: str | None = None)
     add_attempt(session, task, now, available_at=now)
     record_event(session, task, "replayed", now, {"dead_letter_id": dead_id}, actor=actor)
     return Publish(task.task_id, task.attempt_seq, 0.0, queue_for(task.priority))
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayOutcome:
+    """What replaying one dead letter did: ``replayed`` with the task's new attempt, or
+    refused with the problem (its stable type and detail); a refusal changed nothing."""
+
+    dead_letter_id: int
+    replayed: bool
+    task_id: str | None = None
+    attempt_seq: int | None = None
+    problem_type: str | None = None
+    detail: str = ""
+    status: int = 200  # the refusal's HTTP status (404, 409, 503 ...), 200 when replayed
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dead_letter_id": self.dead_letter_id,
+            "outcome": "replayed" if self.replayed else "refused",
+            "task_id": self.task_id,
+            "attempt_seq": self.attempt_seq,
+            "problem_type": self.problem_type,
+            "detail": self.detail,
+        }
+
+
+def replay_many(
+    ctx: HubContext, dead_ids: Iterable[int], actor: str | None = None
+) -> list[ReplayOutcome]:
+    """`replay` each dead letter (once per distinct id, in the order given), each in its
+    own transaction and published after its commit, as the single replay endpoint does.
+
+    A refusal (unknown, already replayed, its task no longer dead, the store refusing)
+    is that item's outcome, not an error: the others go on. More than `MAX_REPLAY_MANY`
+    ids, or none, is `InvalidQuery` with nothing replayed."""
+    ids = list(dict.fromkeys(dead_ids))
+    if not ids:
+        raise InvalidQuery("name at least one dead letter to replay", name="ids")
+    if len(ids) > MAX_REPLAY_MANY:
+        raise InvalidQuery(
+            f"at most {MAX_REPLAY_MANY} dead letters per replay, not {len(ids)}", name="ids"
+        )
+    outcomes: list[ReplayOutcome] = []
+    for dead_id in ids:
+        try:
+            item = ctx.write(partial(_replay_now, ctx, dead_id, actor), conflict=TaskConflict)
+        except ReachError as exc:
+            outcomes.append(
+                ReplayOutcome(
+                    dead_id,
+                    False,
+                    problem_type=exc.problem_type(),
+                    detail=exc.detail,
+                    status=exc.status,
+                )
+            )
+            continue
+        ctx.publish_attempts([item])  # a broker refusal leaves it to the relay, as for one
+        task = item.task_id
+        outcomes.append(
+            ReplayOutcome(
+                dead_id, True, task, item.attempt_seq, detail=f"task {task!r} queued again"
+            )
+        )
+    return outcomes
+
+
+def _replay_now(ctx: HubContext, dead_id: int, actor: str | None, session: Session) -> Publish:
+    return replay(session, dead_id, ctx.clock.now(), actor=actor)

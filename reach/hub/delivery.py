@@ -29,9 +29,11 @@ from typing import Any, cast
 from sqlalchemy import ColumnElement, Table, bindparam, case, func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from reach.core import a2a as a2a_rules
 from reach.core import lifecycle
 from reach.core.auth import ANONYMOUS
 from reach.core.breaker import BreakerPolicy
+from reach.core.channel import redacted, shown_endpoint
 from reach.core.lifecycle import TaskEvent
 from reach.core.priority import BACKGROUND, ONLINE, ONLINE_QUEUE, PriorityPolicy, queue_for
 from reach.core.reports import AWAITING_REPORT, Verdict, judge_report
@@ -51,6 +53,8 @@ from reach.errors import NoSuitableAgent, StaleReport, UnknownTask
 from reach.hub import breakers as breaker_store
 from reach.hub import callbacks, metrics, registry, retry_budget, trust
 from reach.hub import priority as priority_gate
+from reach.hub.a2a import PROTOCOL as PROTOCOL_A2A
+from reach.hub.a2a import exchange as a2a_exchange
 from reach.hub.agent_http import AgentAnswer, AgentTransport
 from reach.hub.breakers import Breakers, Ticket
 from reach.hub.monitoring import Policy
@@ -148,6 +152,7 @@ class _Dispatch:
     ticket: Ticket
     trust_level: str = "L2"  # L1: reached over mutual TLS only (``AgentTransport``)
     caller: str | None = None  # the task's caller identity: the reach token's ``sub``
+    protocol: str = "reach"  # a2a: the attempt is an A2A SendMessage (``reach.hub.a2a``)
 
 
 @database_outage("delivery of an attempt")
@@ -182,9 +187,7 @@ def deliver_attempt(
     """
     budget_wait = None  # a re-send beyond its target's retry budget (read before the claim)
     if attempt_seq > 1 and shared is not None:
-        budget_wait = retry_budget.precheck(
-            sessions, shared, task_id, now(), dpolicy.retry_budget, rng
-        )
+        budget_wait = retry_budget.precheck(shared, task_id, now(), dpolicy.retry_budget, rng)
     with sessions.begin() as session:
         claimed = claim(session, task_id, attempt_seq, now(), dpolicy)
         if claimed is None:
@@ -218,7 +221,8 @@ def deliver_attempt(
             )
         dispatch = route
     headers = {"X-Reach-Task-Id": task_id, "X-Reach-Attempt": str(attempt_seq)}
-    if dpolicy.sign_deliveries:
+    # an A2A agent is reached under its card's own scheme: it gets no reach token
+    if dpolicy.sign_deliveries and dispatch.protocol != PROTOCOL_A2A:
         signer = signer or Signer(sessions, issuer=dpolicy.issuer, ttl_s=dpolicy.token_ttl_s)
         token = signer.mint(
             subject=dispatch.caller or ANONYMOUS,
@@ -230,14 +234,31 @@ def deliver_attempt(
         headers["Authorization"] = f"Bearer {token}"
     retry_budget.count(shared, dispatch.agent_id, claimed.instance_id is not None, now())
     started = time.perf_counter()
-    answer = transport.post(
-        dispatch.url,
-        dispatch.body,
-        dpolicy.connect_timeout,
-        dispatch.read_timeout,
-        headers=headers,
-        mtls_agent=dispatch.agent_id if dispatch.trust_level == "L1" else None,
-    )
+    verdict: a2a_rules.Verdict | None = None
+    if dispatch.protocol == PROTOCOL_A2A:  # JSON-RPC, under the card's own security scheme
+        answer, verdict = a2a_exchange.exchange(
+            sessions,
+            task_id=task_id,
+            attempt_seq=attempt_seq,
+            lease_token=claimed.lease_token,
+            instance_id=dispatch.instance_id,
+            method=claimed.method,
+            payload=claimed.payload,
+            session_id=claimed.session_id,
+            transport=transport,
+            connect_timeout=dpolicy.connect_timeout,
+            read_timeout=dispatch.read_timeout,
+            now=now,
+        )
+    else:
+        answer = transport.post(
+            dispatch.url,
+            dispatch.body,
+            dpolicy.connect_timeout,
+            dispatch.read_timeout,
+            headers=headers,
+            mtls_agent=dispatch.agent_id if dispatch.trust_level == "L1" else None,
+        )
     metrics.DELIVERY_SECONDS.observe(time.perf_counter() - started)
     outcome = classify(answer.status, answer.body)
     metrics.DELIVERY_TOTAL.labels(outcome.value).inc()
@@ -255,7 +276,7 @@ def deliver_attempt(
             detail = {"instance_id": dispatch.instance_id, "attempt_seq": attempt_seq}
             if succeed(session, task_id, body.get("data"), now(), detail) is not None:
                 return None
-        return record_outcome(session, dispatch, outcome, answer, now(), dpolicy, rng)
+        return record_outcome(session, dispatch, outcome, answer, now(), dpolicy, rng, verdict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -474,7 +495,7 @@ def _route(
         },
     )
     detail: dict[str, Any] = {
-        "endpoint": chosen.endpoint,
+        "endpoint": shown_endpoint(chosen.endpoint),  # no channel's socket secret in events
         "reach_score": round(chosen.reach_score, 1),
     }
     if ticket.trial:
@@ -510,6 +531,7 @@ def _route(
         ticket,
         chosen.trust_level,
         caller=task.caller,
+        protocol=chosen.protocol,
     )
 
 
@@ -583,6 +605,7 @@ def record_outcome(
     now: float,
     dpolicy: DeliveryPolicy,
     rng: random.Random,
+    verdict: a2a_rules.Verdict | None = None,
 ) -> Publish | None:
     task = load_for_update(session, d.task_id)
     if task is None:
@@ -643,6 +666,7 @@ def record_outcome(
         task.lease_until = None
         task.updated_at = now
         record_event(session, task, "ack", now, {"instance_id": d.instance_id})
+        a2a_exchange.accepted(session, task, verdict, now)  # an A2A task to follow
         return None
     if outcome is Outcome.BACKPRESSURE and task.deferrals < dpolicy.max_deferrals:
         task.deferrals += 1
@@ -658,7 +682,7 @@ def record_outcome(
     error = {
         "kind": answer.error_kind,
         "http_status": answer.status,
-        "message": (answer.error or str(answer.body))[:2000],
+        "message": redacted(answer.error or str(answer.body))[:2000],  # it quotes the URL
         "instance_id": d.instance_id,
     }
     if breaker_store.open_until(session, d.instance_id, now) is not None:

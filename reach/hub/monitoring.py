@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from sqlalchemy import func, or_, select, text
 from sqlalchemy.orm import Session
@@ -158,7 +159,16 @@ def claim_due_probes(session: Session, now: float, policy: Policy) -> tuple[list
         row.probe_lease_until = lease
     if skipped:
         metrics.PROBE_SKIPPED_TOTAL.inc(skipped)
-    return [ProbeTarget(r.instance_id, r.public_endpoint or r.endpoint) for r in claimed], skipped
+    return [_target(r) for r in claimed], skipped
+
+
+def _target(row: InstanceRow) -> ProbeTarget:
+    """What a probe asks: ``/healthz`` of an SDK agent, the card of an A2A agent."""
+    card = (row.a2a or {}).get("card_url") if row.protocol == "a2a" else None
+    if card:
+        parts = urlsplit(str(card))
+        return ProbeTarget(row.instance_id, f"{parts.scheme}://{parts.netloc}", parts.path)
+    return ProbeTarget(row.instance_id, row.public_endpoint or row.endpoint)
 
 
 def record_probe(session: Session, outcome: ProbeOutcome, now: float, policy: Policy) -> None:

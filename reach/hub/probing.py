@@ -1,10 +1,11 @@
 """Active probes: the hub's own view of whether an instance's door answers.
 
 A probe opens a TCP connection to the instance's reachable address, sends a minimal
-``GET /healthz`` and waits for the first byte of an HTTP status line. Any status line
-counts as an answer: the point is that the process is accepting and reading, which a
-bare TCP handshake cannot show (the kernel completes it even for a frozen process).
-The round trip is measured from the start of the connect to that first byte.
+``GET /healthz`` (to an A2A instance: a ``GET`` of its agent card) and waits for the
+first byte of an HTTP status line. Any status line counts as an answer: the point is
+that the process is accepting and reading, which a bare TCP handshake cannot show (the
+kernel completes it even for a frozen process). The round trip is measured from the start
+of the connect to that first byte.
 
 Probes have their own threads and a concurrency limit (default 8) that is global to
 the hub: a round claims *probe leases* in the database, and when the limit is reached
@@ -28,6 +29,7 @@ from reach.core.scoring import ProbeSample
 class ProbeTarget:
     instance_id: str
     url: str
+    path: str = "/healthz"  # an A2A instance is asked for its card instead
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +52,7 @@ def probe_once(
             deadline = started + timeout
             host = f"[{ep.host}]" if ":" in ep.host else ep.host
             sock.sendall(
-                f"GET {ep.path}/healthz HTTP/1.1\r\nHost: {host}:{ep.port}\r\n"
+                f"GET {ep.path}{target.path} HTTP/1.1\r\nHost: {host}:{ep.port}\r\n"
                 "User-Agent: reach-probe\r\nConnection: close\r\n\r\n".encode()
             )
             sock.settimeout(max(0.001, deadline - time.perf_counter()))

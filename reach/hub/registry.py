@@ -11,19 +11,32 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from functools import lru_cache
+from typing import Any, Final, cast
 
 from cachetools import LRUCache
-from sqlalchemy import ColumnElement, delete, exists, insert, or_, select
+from sqlalchemy import (
+    ColumnElement,
+    Table,
+    bindparam,
+    delete,
+    exists,
+    insert,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.orm import Session
 
+from reach.core import paging
 from reach.core.breaker import routable as breaker_routable
 from reach.core.breaker import state as breaker_state
 from reach.core.channel import shown_endpoint
 from reach.core.endpoints import parse_endpoint, refusal
 from reach.core.health import HeartbeatFacts, InstanceStatus, heartbeat_age, liveness
-from reach.core.reachability import Alert, rise_streak
+from reach.core.reachability import Alert, HeartbeatState, assess, rise_streak
 from reach.core.routing import Candidate, Declaration, RouteFilter, eligibility
+from reach.core.scoring import ProbeWindow
 from reach.errors import (
     RegistrationConflict,
     UnknownAgent,
@@ -31,9 +44,16 @@ from reach.errors import (
 )
 from reach.hub.monitoring import Policy, current, reassess
 from reach.hub.storage.models import AgentCapabilityRow, AgentRow, AgentTagRow, InstanceRow
-from reach.schemas import DeregisterRequest, HeartbeatRequest, RegisterRequest, RegisterResponse
+from reach.schemas import (
+    Capability,
+    DeregisterRequest,
+    HeartbeatRequest,
+    RegisterRequest,
+    RegisterResponse,
+)
 
 _LIVE = (InstanceStatus.ONLINE, InstanceStatus.DEGRADED, InstanceStatus.UNREACHABLE)
+_INSTANCES_T = cast(Table, InstanceRow.__table__)
 # At most this many instances are judged per candidate load: the best by stored score
 # (routing takes one of the first two; a broadcast reaches at most this many).
 CANDIDATE_LIMIT = 1000
@@ -41,9 +61,16 @@ CANDIDATE_LIMIT = 1000
 
 @dataclass(frozen=True, slots=True)
 class AgentFilter:
+    """Which agents to list; values are checked when built (`InvalidQuery`)."""
+
     tag: tuple[str, ...] = ()
     capability: str | None = None
     status: str | None = None
+
+    def __post_init__(self) -> None:
+        tags = tuple(t for t in (paging.check_text(t, "tag") for t in self.tag) if t)
+        object.__setattr__(self, "tag", tags)
+        object.__setattr__(self, "capability", paging.check_text(self.capability, "capability"))
 
 
 def register(
@@ -65,7 +92,7 @@ def register(
         agent = AgentRow(agent_id=req.agent_id, created_at=now, updated_at=now, **declaration)
         session.add(agent)
         session.flush()  # the agent row first: the declaration index refers to it
-        _index_declaration(session, req.agent_id, declaration)
+        _index_declaration(session, req.agent_id, declaration, new=True)
     elif _declared(agent) != declaration:
         others = [i for i in live if i.instance_id != req.instance_id]
         if others:
@@ -142,15 +169,75 @@ def register(
     )
 
 
-def heartbeat(session: Session, hb: HeartbeatRequest, now: float, policy: Policy) -> InstanceRow:
-    """Record a heartbeat, stamped with the hub's clock (the agent's ``sent_at`` is kept apart)."""
-    row = session.get(InstanceRow, hb.instance_id, with_for_update=True)
+@dataclass(frozen=True, slots=True)
+class Beat:
+    """What a heartbeat's answer needs of its instance."""
+
+    status: str
+    heartbeat_interval: float
+
+
+def heartbeat(session: Session, hb: HeartbeatRequest, now: float, policy: Policy) -> Beat:
+    """Record a heartbeat, stamped with the hub's clock (the agent's ``sent_at`` is kept apart).
+
+    The common heartbeat changes the instance's facts and nothing of its verdict: it is one
+    locked read of the columns the verdict needs and one UPDATE, both prebuilt (the ORM's
+    load and flush of the whole row cost several times more, and a fleet of 2,000 sends 200
+    a second). A heartbeat that moves the status or raises an alert takes the ORM path,
+    which records the transition (`reach.hub.monitoring.reassess`)."""
+    row = session.connection().execute(_HB_READ, {"b_id": hb.instance_id}).first()
     if row is None or row.agent_id != hb.agent_id or row.status == InstanceStatus.DEREGISTERED:
         raise UnknownInstance(
             f"instance {hb.instance_id!r} of agent {hb.agent_id!r} is not registered; "
             "register again",
             instance_id=hb.instance_id,
         )
+    streak = rise_streak(row.in_flight, hb.in_flight, row.in_flight_rise_streak)
+    max_concurrency = row.max_concurrency if hb.max_concurrency is None else hb.max_concurrency
+    verdict = assess(
+        HeartbeatState(
+            last_heartbeat=now,
+            interval=row.heartbeat_interval,
+            in_flight=hb.in_flight,
+            max_concurrency=max_concurrency,
+            in_flight_rise_streak=streak,
+            consecutive_failure_count=hb.consecutive_failure_count,
+        ),
+        ProbeWindow.from_list(row.probe_window or [], size=policy.window),
+        now,
+        policy.reach,
+        policy.score,
+    )
+    alerts = [a.value for a in verdict.alerts]
+    if verdict.status.value != row.status or not set(alerts) <= set(row.alerts or []):
+        return _heartbeat_transition(session, hb, now, policy)
+    values: dict[str, Any] = {
+        "b_id": hb.instance_id,
+        "last_heartbeat": now,
+        "current_load": hb.current_load,
+        "in_flight_rise_streak": streak,
+        "in_flight": hb.in_flight,
+        "max_concurrency": max_concurrency,
+        "consecutive_failure_count": hb.consecutive_failure_count,
+        "agent_reported_at": hb.sent_at,
+        "alerts": alerts,
+        "reach_score": round(verdict.reach_score, 3),
+        "routable": verdict.routable,
+        "status_reason": verdict.reason,
+    }
+    duration = hb.last_task_duration_ms is not None
+    if duration:
+        values["last_task_duration_ms"] = hb.last_task_duration_ms
+    session.connection().execute(_HB_WRITE[duration], values)
+    return Beat(row.status, row.heartbeat_interval)
+
+
+def _heartbeat_transition(
+    session: Session, hb: HeartbeatRequest, now: float, policy: Policy
+) -> Beat:
+    """The ORM path of a heartbeat that changes the verdict (its transition recorded)."""
+    row = session.get(InstanceRow, hb.instance_id, with_for_update=True, populate_existing=True)
+    assert row is not None  # locked by the read before
     row.last_heartbeat = now
     row.heartbeat_count += 1
     row.current_load = hb.current_load
@@ -164,7 +251,43 @@ def heartbeat(session: Session, hb: HeartbeatRequest, now: float, policy: Policy
     row.agent_reported_at = hb.sent_at
     reassess(session, row, now, policy)
     session.flush()
-    return row
+    return Beat(row.status, row.heartbeat_interval)
+
+
+_HB_READ = (
+    select(
+        _INSTANCES_T.c.agent_id,
+        _INSTANCES_T.c.status,
+        _INSTANCES_T.c.heartbeat_interval,
+        _INSTANCES_T.c.in_flight,
+        _INSTANCES_T.c.max_concurrency,
+        _INSTANCES_T.c.in_flight_rise_streak,
+        _INSTANCES_T.c.probe_window,
+        _INSTANCES_T.c.alerts,
+    )
+    .where(_INSTANCES_T.c.instance_id == bindparam("b_id"))
+    .with_for_update()
+)
+
+
+def _hb_write(duration: bool) -> Any:
+    columns = (
+        "last_heartbeat", "current_load", "in_flight_rise_streak", "in_flight",
+        "max_concurrency", "consecutive_failure_count", "agent_reported_at", "alerts",
+        "reach_score", "routable", "status_reason",
+        *(("last_task_duration_ms",) if duration else ()),
+    )  # fmt: skip
+    return (
+        update(_INSTANCES_T)
+        .where(_INSTANCES_T.c.instance_id == bindparam("b_id"))
+        .values(
+            heartbeat_count=_INSTANCES_T.c.heartbeat_count + 1,
+            **{c: bindparam(c, type_=_INSTANCES_T.c[c].type) for c in columns},
+        )
+    )
+
+
+_HB_WRITE = (_hb_write(False), _hb_write(True))  # without, with last_task_duration_ms
 
 
 def deregister(session: Session, req: DeregisterRequest, now: float) -> None:
@@ -181,29 +304,64 @@ def deregister(session: Session, req: DeregisterRequest, now: float) -> None:
     session.flush()
 
 
+AGENTS: Final = "agents"  # the fleet listing's cursor kind (`reach.core.paging`)
+FLEET_PAGE: Final = 100  # agents per page of ``GET /api/v1/agents`` unless ``limit`` says
+
+
 def list_agents(
-    session: Session, flt: AgentFilter, now: float, policy: Policy
-) -> list[dict[str, Any]]:
-    agents = session.scalars(select(AgentRow).order_by(AgentRow.agent_id)).all()
-    instances = session.scalars(select(InstanceRow).order_by(InstanceRow.registered_at)).all()
-    by_agent: dict[str, list[InstanceRow]] = {}
-    for inst in instances:
-        by_agent.setdefault(inst.agent_id, []).append(inst)
-    out = []
-    for agent in agents:
-        if flt.tag and not set(flt.tag) <= set(agent.tags):
-            continue
-        if flt.capability and flt.capability not in {c["type"] for c in agent.capabilities}:
-            continue
-        views = [instance_view(i, now, policy) for i in by_agent.get(agent.agent_id, [])]
-        if flt.status:
-            views = [v for v in views if v["status"] == flt.status]
-            if not views:
-                continue
-        elif flt.status is None:
-            views = [v for v in views if v["status"] != InstanceStatus.DEREGISTERED]
-        out.append(agent_view(agent, views))
-    return out
+    session: Session,
+    flt: AgentFilter,
+    now: float,
+    policy: Policy,
+    *,
+    after: str | None = None,
+    limit: int = FLEET_PAGE,
+) -> tuple[list[dict[str, Any]], str | None]:
+    """One page of the fleet, by agent ID after ``after``: (agent views, the last agent ID
+    shown when more follow, else None).
+
+    Reads the page's agents (by primary key; a tag or capability filter through its
+    index table) and their instances (``ix_instances_agent_status``), never the fleet:
+    a page costs the same with 20 agents or 20,000. A status filter is applied to each
+    instance's verdict as of ``now`` (stored statuses may lag it), so a page is filled
+    from successive batches until it is full or the fleet ends."""
+    out: list[dict[str, Any]] = []
+    cursor = after
+    batch = limit + 1
+    while True:
+        query = select(AgentRow).order_by(AgentRow.agent_id).limit(batch)
+        if cursor is not None:
+            query = query.where(AgentRow.agent_id > cursor)
+        if flt.capability:
+            query = query.where(AgentRow.agent_id.in_(_declaring(flt.capability)))
+        for tag in flt.tag:
+            tagged = select(_TAGS.c.agent_id).where(_TAGS.c.tag == tag)
+            query = query.where(AgentRow.agent_id.in_(tagged))
+        agents = session.scalars(query).all()
+        if not agents:
+            return out, None
+        by_agent: dict[str, list[InstanceRow]] = {}
+        for inst in session.scalars(
+            select(InstanceRow)
+            .where(InstanceRow.agent_id.in_([a.agent_id for a in agents]))
+            .order_by(InstanceRow.registered_at)
+        ):
+            by_agent.setdefault(inst.agent_id, []).append(inst)
+        for agent in agents:
+            views = [instance_view(i, now, policy) for i in by_agent.get(agent.agent_id, [])]
+            if flt.status:
+                views = [v for v in views if v["status"] == flt.status]
+                if not views:
+                    cursor = agent.agent_id
+                    continue
+            else:
+                views = [v for v in views if v["status"] != InstanceStatus.DEREGISTERED]
+            if len(out) == limit:
+                return out, out[-1]["agent_id"]  # a next agent exists: another page
+            out.append(agent_view(agent, views))
+            cursor = agent.agent_id
+        if len(agents) < batch:
+            return out, None
 
 
 def get_agent(session: Session, agent_id: str, now: float, policy: Policy) -> dict[str, Any]:
@@ -224,6 +382,14 @@ def load_candidates(
     """Every registered instance eligible for ``flt`` (and ``method``), with its verdict.
 
     Eligibility is `reach.core.routing.eligibility`, the rule submission checks too."""
+    return [c for c, _ in load_offers(session, flt, now, policy, method)]
+
+
+def load_offers(
+    session: Session, flt: RouteFilter, now: float, policy: Policy, method: str | None = None
+) -> list[tuple[Candidate, list[dict[str, Any]]]]:
+    """`load_candidates`, each with its agent's declared capabilities (what semantic
+    matching compares an intent with: descriptions and examples)."""
     query = (
         select(InstanceRow, AgentRow)
         .join(AgentRow, AgentRow.agent_id == InstanceRow.agent_id)
@@ -235,7 +401,7 @@ def load_candidates(
         .limit(CANDIDATE_LIMIT)
     )
     out = []
-    for inst, agent in session.execute(query).all():
+    for inst, agent in session.execute(query, prefilter_params(flt, method or None)).all():
         declared = Declaration(
             agent_id=inst.agent_id,
             tags=tuple(agent.tags),
@@ -253,24 +419,24 @@ def load_candidates(
             Alert.FAILING in verdict.alerts,
             breaker_state(inst.breaker_open_until, now),
         )
-        out.append(
-            Candidate(
-                instance_id=inst.instance_id,
-                agent_id=inst.agent_id,
-                endpoint=inst.public_endpoint or inst.endpoint,
-                status=verdict.status,
-                routable=routable,
-                reach_score=verdict.reach_score,
-                in_flight=inst.in_flight,
-                max_concurrency=inst.max_concurrency,
-                tags=declared.tags,
-                capabilities=declared.capabilities,
-                metadata=declared.metadata,
-                breaker_open_until=inst.breaker_open_until,
-                breaker_opened_at=inst.breaker_opened_at or 0.0,
-                trust_level=agent.trust_level or "L2",
-            )
+        candidate = Candidate(
+            instance_id=inst.instance_id,
+            agent_id=inst.agent_id,
+            endpoint=inst.public_endpoint or inst.endpoint,
+            status=verdict.status,
+            routable=routable,
+            reach_score=verdict.reach_score,
+            in_flight=inst.in_flight,
+            max_concurrency=inst.max_concurrency,
+            tags=declared.tags,
+            capabilities=declared.capabilities,
+            metadata=declared.metadata,
+            breaker_open_until=inst.breaker_open_until,
+            breaker_opened_at=inst.breaker_opened_at or 0.0,
+            trust_level=agent.trust_level or "L2",
+            protocol=inst.protocol or "reach",
         )
+        out.append((candidate, agent.capabilities))
     return out
 
 
@@ -280,23 +446,69 @@ def prefilter(flt: RouteFilter, method: str | None) -> list[ColumnElement[bool]]
     Each uses an index (the agent's primary key, ``agent_tags``, ``agent_capabilities``),
     so a hot path reads the agents its filter names, never the fleet. They are necessary
     conditions of `reach.core.routing.eligibility` (metadata rules are left to it): the
-    rule itself stays the judge of every row they let through."""
-    agent = InstanceRow.agent_id
-    conditions: list[ColumnElement[bool]] = []
+    rule itself stays the judge of every row they let through. Its values are bound
+    parameters named by `prefilter_params`: a statement built on it can be built once
+    per `PrefilterShape` and executed with those parameters."""
+    return list(prefilter_conditions(shape_of(flt, method)))
+
+
+@dataclass(frozen=True, slots=True)
+class PrefilterShape:
+    """What a filter names, without the values: statements are built once per shape."""
+
+    agent: bool
+    capability: bool
+    tags: int
+    method: bool
+    intent: bool = False
+
+
+def shape_of(flt: RouteFilter, method: str | None) -> PrefilterShape:
+    return PrefilterShape(
+        bool(flt.agent_id), bool(flt.capability), len(flt.tags), bool(method), bool(flt.intent)
+    )
+
+
+def prefilter_params(flt: RouteFilter, method: str | None) -> dict[str, Any]:
+    """The bound values of `prefilter`'s conditions for this filter."""
+    params: dict[str, Any] = {}
     if flt.agent_id:
-        conditions.append(agent == flt.agent_id)
+        params["pf_agent"] = flt.agent_id
     if flt.capability:
-        conditions.append(agent.in_(_declaring(flt.capability)))
-    for tag in flt.tags:
-        conditions.append(agent.in_(select(AgentTagRow.agent_id).where(AgentTagRow.tag == tag)))
-    if method:  # an agent that declares capabilities must declare the method
-        declares = exists().where(AgentCapabilityRow.agent_id == agent)
-        conditions.append(or_(agent.in_(_declaring(method)), ~declares))
-    return conditions
+        params["pf_capability"] = flt.capability
+    for n, tag in enumerate(flt.tags):
+        params[f"pf_tag{n}"] = tag
+    if method:
+        params["pf_method"] = method
+    return params
 
 
-def _declaring(capability: str) -> Any:
-    return select(AgentCapabilityRow.agent_id).where(AgentCapabilityRow.capability == capability)
+@lru_cache(maxsize=64)
+def prefilter_conditions(shape: PrefilterShape) -> tuple[ColumnElement[bool], ...]:
+    agent = _INSTANCES.c.agent_id
+    conditions: list[ColumnElement[bool]] = []
+    if shape.agent:
+        conditions.append(agent == bindparam("pf_agent"))
+    if shape.capability:
+        conditions.append(agent.in_(_declaring(bindparam("pf_capability"))))
+    for n in range(shape.tags):
+        tagged = select(_TAGS.c.agent_id).where(_TAGS.c.tag == bindparam(f"pf_tag{n}"))
+        conditions.append(agent.in_(tagged))
+    declares = exists().where(_CAPABILITIES.c.agent_id == agent)
+    if shape.method:  # an agent that declares capabilities must declare the method
+        conditions.append(or_(agent.in_(_declaring(bindparam("pf_method"))), ~declares))
+    if shape.intent:  # an intent is matched against declared capabilities: none, no match
+        conditions.append(declares)
+    return tuple(conditions)
+
+
+_INSTANCES = _INSTANCES_T
+_TAGS = cast(Table, AgentTagRow.__table__)
+_CAPABILITIES = cast(Table, AgentCapabilityRow.__table__)
+
+
+def _declaring(capability: Any) -> Any:
+    return select(_CAPABILITIES.c.agent_id).where(_CAPABILITIES.c.capability == capability)
 
 
 class CandidateCache:
@@ -406,7 +618,20 @@ def instance_view(row: InstanceRow, now: float, policy: Policy) -> dict[str, Any
         "last_probe_error": row.last_probe_error,
         "breaker": breaker_state(row.breaker_open_until, now).value,
         "breaker_open_until": _iso(row.breaker_open_until),
+        "protocol": row.protocol or "reach",
+        **({"a2a": _a2a_view(row.a2a)} if row.protocol == "a2a" and row.a2a else {}),
     }
+
+
+_A2A_SHOWN = ("card_url", "rpc_url", "streaming", "name", "skills", "read_at", "card_error")
+
+
+def _a2a_view(a2a: dict[str, Any]) -> dict[str, Any]:
+    """What the fleet shows of an A2A instance's card (never the credential: it is kept
+    in its own column, ``instances.a2a_credential``, which no view reads)."""
+    shown = {k: a2a[k] for k in _A2A_SHOWN if k in a2a}
+    shown["security"] = (a2a.get("scheme") or {}).get("kind", "none")
+    return shown
 
 
 def _facts(row: InstanceRow) -> HeartbeatFacts:
@@ -420,23 +645,40 @@ def _facts(row: InstanceRow) -> HeartbeatFacts:
 def _declaration(req: RegisterRequest) -> dict[str, Any]:
     return {
         "tags": list(req.tags),
-        "capabilities": [c.model_dump(mode="json") for c in req.capabilities],
+        "capabilities": [_capability(c) for c in req.capabilities],
         "meta": dict(req.metadata),
     }
 
 
-def _index_declaration(session: Session, agent_id: str, declaration: dict[str, Any]) -> None:
-    """Rewrite the agent's rows in ``agent_tags`` / ``agent_capabilities`` (see `prefilter`)."""
-    session.execute(delete(AgentTagRow).where(AgentTagRow.agent_id == agent_id))
-    session.execute(delete(AgentCapabilityRow).where(AgentCapabilityRow.agent_id == agent_id))
+def _capability(cap: Capability) -> dict[str, Any]:
+    """As stored; no ``examples`` key when there are none, so a declaration stored before
+    capabilities had examples still equals the same declaration sent again."""
+    stored = cap.model_dump(mode="json")
+    if not stored["examples"]:
+        del stored["examples"]
+    return stored
+
+
+def _index_declaration(
+    session: Session, agent_id: str, declaration: dict[str, Any], *, new: bool = False
+) -> None:
+    """Rewrite the agent's rows in ``agent_tags`` / ``agent_capabilities`` (see `prefilter`);
+    a ``new`` agent has none to delete."""
+    conn = session.connection()
+    if not new:
+        conn.execute(_UNTAG, {"b_agent": agent_id})
+        conn.execute(_UNDECLARE, {"b_agent": agent_id})
     tags = sorted(set(declaration["tags"]))
     types = sorted({c["type"] for c in declaration["capabilities"]})
     if tags:
-        session.execute(insert(AgentTagRow), [{"agent_id": agent_id, "tag": t} for t in tags])
+        conn.execute(_TAG, [{"agent_id": agent_id, "tag": t} for t in tags])
     if types:
-        session.execute(
-            insert(AgentCapabilityRow), [{"agent_id": agent_id, "capability": t} for t in types]
-        )
+        conn.execute(_DECLARE, [{"agent_id": agent_id, "capability": t} for t in types])
+
+
+_UNTAG = delete(_TAGS).where(_TAGS.c.agent_id == bindparam("b_agent"))
+_UNDECLARE = delete(_CAPABILITIES).where(_CAPABILITIES.c.agent_id == bindparam("b_agent"))
+_TAG, _DECLARE = insert(_TAGS), insert(_CAPABILITIES)
 
 
 def _declared(agent: AgentRow) -> dict[str, Any]:
@@ -467,17 +709,7 @@ def _check_endpoint_owner(
     """One live instance per reachable address; a restart of the same agent replaces it.
 
     Only the instances at that address are read (the endpoint indexes), not the fleet."""
-    # two plain equalities, one index each (an IS NULL branch would read every instance
-    # without a public endpoint); the exact address rule is applied below
-    at_address = or_(
-        InstanceRow.public_endpoint == reachable_url, InstanceRow.endpoint == reachable_url
-    )
-    rows = session.scalars(
-        select(InstanceRow)
-        .where(at_address)
-        .where(InstanceRow.instance_id != instance_id)
-        .where(InstanceRow.status.in_([s.value for s in _LIVE]))
-    ).all()
+    rows = session.scalars(_AT_ADDRESS, {"b_url": reachable_url, "b_instance": instance_id}).all()
     for other in rows:
         if (other.public_endpoint or other.endpoint) != reachable_url:
             continue
@@ -490,6 +722,21 @@ def _check_endpoint_owner(
             )
         other.status = InstanceStatus.DEREGISTERED  # same address, new incarnation
         other.status_changed_at = now
+
+
+# two plain equalities, one index each (an IS NULL branch would read every instance
+# without a public endpoint); the exact address rule is applied by the caller. Built once.
+_AT_ADDRESS = (
+    select(InstanceRow)
+    .where(
+        or_(
+            InstanceRow.public_endpoint == bindparam("b_url"),
+            InstanceRow.endpoint == bindparam("b_url"),
+        )
+    )
+    .where(InstanceRow.instance_id != bindparam("b_instance"))
+    .where(InstanceRow.status.in_([s.value for s in _LIVE]))
+)
 
 
 def _url(endpoint: Any) -> str | None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import random
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session, sessionmaker
 
 from reach.core.retry_budget import RetryBudget, wait_s
 from reach.hub import metrics
@@ -44,7 +43,6 @@ def count(shared: SharedCounts | None, agent_id: str, resend: bool, now: float) 
 
 
 def precheck(
-    sessions: sessionmaker[Session],
     shared: SharedCounts,
     task_id: str,
     now: float,
@@ -53,10 +51,12 @@ def precheck(
 ) -> tuple[str, float] | None:
     """(agent, seconds to wait) if the task is a re-send whose target's budget is spent.
 
-    One primary-key read of the task: a re-send goes back to the agent it was sent to."""
+    One primary-key read of the task (a re-send goes back to the agent it was sent to), in
+    a read-only transaction: on SQLite a write one would take the database's write lock
+    (``BEGIN IMMEDIATE``) for a read."""
     if not budget.enabled:
         return None
-    with sessions.begin() as session:
+    with shared.read_sessions.begin() as session:
         row = session.execute(
             select(TaskRow.agent_id, TaskRow.instance_id).where(TaskRow.task_id == task_id)
         ).first()

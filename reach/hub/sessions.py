@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import func, select
+from sqlalchemy import Table, bindparam, func, select
 from sqlalchemy.orm import Session
 
 from reach.core import sessions as rules
@@ -179,19 +179,29 @@ def closed_among_in_flight(
     """The closed (or expired) sessions among the instance's in-flight reaches: what its
     heartbeat answer names. One indexed read (the agent's in-flight tasks) joined to
     their sessions."""
-    rows = session.execute(
-        select(SessionRow.session_id, SessionRow.status, SessionRow.expires_at)
-        .join(TaskRow, TaskRow.session_id == SessionRow.session_id)
-        .where(
-            TaskRow.agent_id == agent_id,
-            TaskRow.status.in_(IN_FLIGHT),
-            TaskRow.instance_id == instance_id,
-        )
-        .distinct()
-    ).all()
+    rows = (
+        session.connection()
+        .execute(_CLOSED_AMONG, {"b_agent": agent_id, "b_instance": instance_id})
+        .all()
+    )
     return sorted(
         sid for sid, status, expires in rows if not rules.state_of(status, expires, now).alive
     )
+
+
+_SESSIONS_T, _TASKS_T = cast(Table, SessionRow.__table__), cast(Table, TaskRow.__table__)
+# every heartbeat asks it: built once, as Core (an ORM select built per call cost more
+# than the heartbeat's own read and write together)
+_CLOSED_AMONG = (
+    select(_SESSIONS_T.c.session_id, _SESSIONS_T.c.status, _SESSIONS_T.c.expires_at)
+    .join(_TASKS_T, _TASKS_T.c.session_id == _SESSIONS_T.c.session_id)
+    .where(
+        _TASKS_T.c.agent_id == bindparam("b_agent"),
+        _TASKS_T.c.status.in_(sorted(IN_FLIGHT)),
+        _TASKS_T.c.instance_id == bindparam("b_instance"),
+    )
+    .distinct()
+)
 
 
 def closed_header(session: Session, agent_id: str, instance_id: str, now: float) -> dict[str, str]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
@@ -206,6 +206,19 @@ class RouterSettings(_Section):
     loop_alert_window: float = Field(
         300.0, gt=0, le=86400, description="seconds of reaches the dependency-loop alert counts"
     )
+    # semantic capability matching (reach.core.matching, reach.hub.matching)
+    semantic: Literal["auto", "on", "off"] = Field(
+        "auto", description="auto: on when agent-reach[semantic] is installed; on: required"
+    )
+    semantic_threshold: float = Field(
+        0.5, ge=0, le=1, description="cosine similarity below which an intent finds no agent"
+    )
+    semantic_margin: float = Field(
+        0.03, ge=0, le=1, description="similarities this close are equally apt: health decides"
+    )
+    semantic_quantize: bool = Field(
+        True, description="int8 weights for the model's linear layers: half the CPU per intent"
+    )
 
     @field_validator("backoff_cap")
     @classmethod
@@ -385,6 +398,28 @@ class CallbackSettings(_Section):
     )
 
 
+class A2aSettings(_Section):
+    """Agent2Agent interop (``reach.hub.a2a``): A2A agents registered by their card and
+    reached like any agent, and every hub agent served as an A2A agent under ``/a2a``."""
+
+    card_refresh_s: float = Field(
+        10.0, gt=0, le=3600, description="a registered card is read again this often"
+    )
+    card_timeout_s: float = Field(5.0, gt=0, le=120, description="a card fetch's time limit")
+    poll_interval_s: float = Field(
+        1.0, gt=0, le=3600, description="GetTask cadence for an A2A task still working"
+    )
+    poll_failures: int = Field(
+        3, ge=1, le=100, description="failed GetTask polls in a row: the attempt failed"
+    )
+    v03_compat: bool = Field(
+        False, description="the hub's A2A endpoints also take v0.3 method names"
+    )
+    send_wait_s: float = Field(
+        30.0, ge=0, le=600, description="a blocking SendMessage to the hub waits this long"
+    )
+
+
 class Settings(BaseSettings):
     """Every section of the hub's configuration.
 
@@ -410,6 +445,7 @@ class Settings(BaseSettings):
     approval: ApprovalSettings = ApprovalSettings()
     sessions: SessionSettings = SessionSettings()
     callbacks: CallbackSettings = CallbackSettings()
+    a2a: A2aSettings = A2aSettings()
 
     @classmethod
     def settings_customise_sources(

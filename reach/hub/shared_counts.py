@@ -29,7 +29,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import bindparam, delete, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import SQLAlchemyError
@@ -83,6 +83,11 @@ class SharedCounts:
         self._lock = threading.Lock()
         self._flushed_at = -math.inf
         self._pruned_at = -math.inf
+
+    @property
+    def read_sessions(self) -> sessionmaker[Session]:
+        """Read-only transactions on the same store (never SQLite's write lock)."""
+        return self._read_sessions
 
     def add(self, name: str, key: str, now: float, n: int = 1) -> None:
         """Count ``n`` at ``now`` (buffered: the process's flusher writes it)."""
@@ -197,14 +202,28 @@ class SharedCounts:
 
 
 def _upsert(session: Session, pending: dict[_Bucket, int]) -> None:
-    """Add each cell's count to its row, creating it if needed (one statement per cell)."""
-    dialect = session.get_bind().dialect.name
-    insert_: Any = pg_insert if dialect == "postgresql" else sqlite_insert
+    """Add each cell's count to its row, creating it if needed: one prebuilt statement
+    executed for all cells (building and compiling one per cell cost more than the write)."""
+    rows = [
+        {"b_name": name, "b_key": key, "b_bucket": second, "b_count": count}
+        for (name, key, second), count in sorted(pending.items())  # one lock order everywhere
+    ]
+    if rows:
+        session.execute(_UPSERT[session.get_bind().dialect.name == "postgresql"], rows)
+
+
+def _upsert_statement(insert_: Any) -> Any:
     table = FlowCountRow.__table__
-    for (name, key, second), count in sorted(pending.items()):  # one lock order everywhere
-        stmt = insert_(table).values(name=name, key=key, bucket=second, count=count)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=["name", "key", "bucket"],
-            set_={"count": table.c.count + stmt.excluded.count},
-        )
-        session.execute(stmt)
+    stmt = insert_(table).values(
+        name=bindparam("b_name"),
+        key=bindparam("b_key"),
+        bucket=bindparam("b_bucket"),
+        count=bindparam("b_count"),
+    )
+    return stmt.on_conflict_do_update(
+        index_elements=["name", "key", "bucket"],
+        set_={"count": table.c.count + stmt.excluded.count},
+    )
+
+
+_UPSERT = (_upsert_statement(sqlite_insert), _upsert_statement(pg_insert))  # by "is postgres"

@@ -60,6 +60,12 @@ def current_key(session: Session, now: float) -> SigningKeyRow:
     return row
 
 
+def signing_key(session: Session, now: float) -> SigningKeyRow | None:
+    """The key that signs at ``now``, or None before the first one (a read: it creates
+    nothing, so a read session will do)."""
+    return _signing(session, now)
+
+
 def rotate(session: Session, now: float, grace_s: float, immediate: bool = False) -> dict[str, Any]:
     """Publish a new key now; it signs from ``now + grace_s`` (``immediate``: from now).
 

@@ -165,7 +165,8 @@ class StreamHub:
         self._feeds: dict[str, Feed] = {}
 
     def _live(self) -> bool:
-        return self.waiters is not None and self.waiters.live
+        """Change notices reach this API (see `reach.hub.wakeups`): the timer is a net."""
+        return self.waiters is not None and self.waiters.changes_live
 
     @contextlib.asynccontextmanager
     async def join(

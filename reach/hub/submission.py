@@ -21,15 +21,31 @@ from jsonschema import Draft202012Validator
 from sqlalchemy import Table, insert, select
 from sqlalchemy.orm import Session
 
+from reach.core import matching
 from reach.core.breaker import BreakerState
 from reach.core.breaker import state as breaker_state
 from reach.core.routing import Declaration, RouteFilter, eligibility
 from reach.core.statuses import InstanceStatus, TaskStatus
 from reach.core.trust import is_l3
-from reach.errors import CircuitOpen, InvalidPayload, NoSuitableAgent, ReachError, TaskConflict
+from reach.errors import (
+    CircuitOpen,
+    InvalidPayload,
+    InvalidTaskRequest,
+    NoSuitableAgent,
+    ReachError,
+    SemanticMatchingOff,
+    TaskConflict,
+)
 from reach.hub import admission, approvals, callbacks, loops, trust
 from reach.hub.delivery import VIEW_COLUMNS, attempt_message, task_view
-from reach.hub.registry import CANDIDATE_LIMIT, prefilter
+from reach.hub.matching import Matcher
+from reach.hub.registry import (
+    CANDIDATE_LIMIT,
+    PrefilterShape,
+    prefilter_conditions,
+    prefilter_params,
+    shape_of,
+)
 from reach.hub.sessions import check_open as check_session_open
 from reach.hub.storage.models import AgentRow, InstanceRow, OutboxRow, TaskEventRow, TaskRow
 from reach.schemas import SubmitRequest
@@ -41,16 +57,26 @@ def route_filter(req: SubmitRequest) -> RouteFilter:
         tags=tuple(sorted(req.tags)),
         capability=req.capability,
         rules=tuple(sorted(req.rules.items())),
+        intent=req.intent,
     )
 
 
 def target_of(req: SubmitRequest) -> dict[str, Any]:
-    return {
+    target: dict[str, Any] = {
         "agent_id": req.agent_id,
         "tags": sorted(req.tags),
         "capability": req.capability,
         "rules": dict(sorted(req.rules.items())),
     }
+    if req.intent is not None:
+        target["intent"] = req.intent
+    return target
+
+
+def _asked(target: dict[str, Any], method: str | None) -> dict[str, Any]:
+    """What a submission asked for: its target and method as sent. A task sent with an
+    intent keeps this apart (``target["asked"]``): its target is the match."""
+    return {**target, "method": method}
 
 
 def target_key(target: dict[str, Any]) -> str:
@@ -74,6 +100,7 @@ def submit(
     approval: approvals.ApprovalPolicy = approvals.DEFAULT_POLICY,
     limits: admission.Limits = admission.DEFAULT_LIMITS,
     loop_guard: loops.LoopGuard | None = None,
+    matcher: Matcher | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """Create the task (or find the existing one with this task_id): (its view, created).
 
@@ -104,20 +131,22 @@ def submit(
     (`reach.hub.loops.derive_trace`), a reach closing a cycle or too deep raises
     `LoopDetected`, and a reach on a link suspected of a dependency loop is stored as
     ``background``.
+
+    A request with an ``intent`` is matched first (``matcher``, `reach.hub.matching`:
+    `SemanticMatchingOff` without one, `NoSuitableAgent` with the closest candidates below
+    the threshold); the task is then the matched agent's capability, exactly as if the
+    caller had named both, and its target keeps the intent and what was asked.
     """
     admission.check_payload(req.payload, limits.max_payload_bytes)
     target = target_of(req)
     if pin_instance:
         target["instance_id"] = pin_instance
+    asked = _asked(target, req.method)
     if req.task_id is not None and look_first:
         existing = session.scalar(select(TaskRow).where(TaskRow.task_id == req.task_id))
         if existing is not None:
-            same = (existing.target, existing.method, existing.payload, existing.caller) == (
-                target,
-                req.method,
-                req.payload,
-                caller,
-            )
+            before = existing.target.get("asked") or _asked(existing.target, existing.method)
+            same = (before, existing.payload, existing.caller) == (asked, req.payload, caller)
             if not same:
                 raise TaskConflict(
                     f"task_id {req.task_id!r} is already used by a different task",
@@ -126,7 +155,14 @@ def submit(
             return task_view(existing), False
     task_id = req.task_id or f"t-{uuid.uuid4().hex}"
     check_session_open(session, req.session_id, now)  # a closed session takes no new reach
-    decls = _check_target(session, req, now, task_id=task_id, caller=caller, l3_cap=l3_cap)
+    accepted: dict[str, Any] = {}
+    if req.intent is not None:
+        req, accepted = _match(session, req, now, matcher)
+        target = {**target_of(req), "intent": accepted["intent"], "asked": asked}
+    method = req.method
+    if method is None:  # the schema requires it without an intent; a match sets it
+        raise InvalidTaskRequest("method: required (or give an intent)")
+    decls = _check_target(session, req, method, now, task_id=task_id, caller=caller, l3_cap=l3_cap)
     trace = (
         req.trace.model_dump()
         if req.trace
@@ -138,7 +174,7 @@ def submit(
         "task_id": task_id,
         "agent_id": req.agent_id,
         "target": target,
-        "method": req.method,
+        "method": method,
         "payload": req.payload,
         "status": TaskStatus.PENDING,
         "attempt_seq": 1,
@@ -162,8 +198,8 @@ def submit(
         callbacks.register(
             session, task_id, req.callback_url, req.callback_context, req.callback_progress, now
         )
-    if approvals.required(decls.values(), req.method, req.capability, approval):
-        approvals.park(session, values, now, approval, capability=req.capability or req.method)
+    if approvals.required(decls.values(), method, req.capability, approval):
+        approvals.park(session, values, now, approval, capability=req.capability or method)
         view = {name: values.get(name) for name in VIEW_COLUMNS}
         view["status"] = TaskStatus.AWAITING_APPROVAL
         return view, True
@@ -182,7 +218,7 @@ def submit(
             "instance_id": None,
             "attempt_seq": 1,
             "kind": "accepted",
-            "detail": {"target": target},
+            "detail": {"target": target, **accepted},
             "at": now,
             "actor": caller,
         },
@@ -209,9 +245,38 @@ _ADD_EVENT = insert(cast(Table, TaskEventRow.__table__))
 _ADD_OUTBOX = insert(cast(Table, OutboxRow.__table__))
 
 
+def _match(
+    session: Session, req: SubmitRequest, now: float, matcher: Matcher | None
+) -> tuple[SubmitRequest, dict[str, Any]]:
+    """The request as the intent's match makes it (the matched agent and capability
+    named, the capability as method), and what the accepted event records of the match."""
+    if matcher is None:
+        raise SemanticMatchingOff(
+            "semantic matching is off here: this hub process has no matcher",
+            reason="no matcher",
+        )
+    path = set(req.trace.path) if req.trace else set()  # never back along the reach's path
+    chosen, ranked = matcher.resolve(session, route_filter(req), req.method, now, path)
+    resolved = req.model_copy(
+        update={
+            "agent_id": chosen.agent_id,
+            "capability": chosen.capability,
+            "method": chosen.capability,
+            "intent": None,
+        }
+    )
+    record = {
+        "intent": req.intent,
+        "score": round(chosen.similarity, 4),
+        "candidates": [p.shown() for p in ranked[: matching.SHOWN]],
+    }
+    return resolved, record
+
+
 def _check_target(
     session: Session,
     req: SubmitRequest,
+    method: str,
     now: float,
     *,
     task_id: str | None = None,
@@ -232,7 +297,8 @@ def _check_target(
     flt = route_filter(req)
     agents: dict[str, Any] = {}
     breakers: dict[str, list[float | None]] = {}
-    for agent in session.execute(_targets(flt, req.method)):  # plain rows: no ORM objects
+    # plain rows (a Core statement, built once per filter shape): no ORM objects
+    for agent in session.connection().execute(*_targets(flt, method)):
         agents[agent.agent_id] = agent
         breakers.setdefault(agent.agent_id, []).append(agent.breaker_open_until)
     schema_errors: list[str] = []
@@ -246,7 +312,7 @@ def _check_target(
             capabilities=tuple(types),
             metadata=tuple(agent.meta.items()),
         )
-        found = eligibility(declared, flt, req.method)
+        found = eligibility(declared, flt, method)
         if found is None:
             continue
         if found.capability is not None:
@@ -259,34 +325,34 @@ def _check_target(
         decls[agent.agent_id] = types.get(found.capability) if found.capability else None
     if matched:
         trusts = {a: agents[a].trust_level for a in matched}
-        matched = _screen(session, req, trusts, now, task_id, caller, l3_cap)
+        matched = _screen(session, req, method, trusts, now, task_id, caller, l3_cap)
         _check_breakers(matched, [(a, u) for a in matched for u in breakers[a]], now)
         return {a: decls[a] for a in matched}
     if schema_errors:
         raise InvalidPayload(
-            f"payload does not satisfy params_schema of {req.method!r}: {schema_errors[0]}",
+            f"payload does not satisfy params_schema of {method!r}: {schema_errors[0]}",
             errors=schema_errors,
         )
     # the method's prefilter left out agents that match but lack it: name a few
     undeclared: set[str] = set()
-    for agent in session.execute(_targets(flt, None, limit=_HINT_LIMIT)):
+    for agent in session.connection().execute(*_targets(flt, None, limit=_HINT_LIMIT)):
         declared = Declaration(
             agent_id=agent.agent_id,
             tags=tuple(agent.tags),
             capabilities=tuple(c["type"] for c in agent.capabilities),
             metadata=tuple(agent.meta.items()),
         )
-        if eligibility(declared, flt, None) and not eligibility(declared, flt, req.method):
+        if eligibility(declared, flt, None) and not eligibility(declared, flt, method):
             undeclared.add(agent.agent_id)
     hint = (
-        f"; {', '.join(sorted(undeclared))} match but declare no capability {req.method!r}"
+        f"; {', '.join(sorted(undeclared))} match but declare no capability {method!r}"
         if undeclared
         else ""
     )
     raise NoSuitableAgent(
-        f"no registered agent matches {flt.describe()} with method {req.method!r}{hint}",
+        f"no registered agent matches {flt.describe()} with method {method!r}{hint}",
         filter={k: v for k, v in target_of(req).items() if v},
-        method=req.method,
+        method=method,
     )
 
 
@@ -296,6 +362,7 @@ _HINT_LIMIT = 20
 def _screen(
     session: Session,
     req: SubmitRequest,
+    method: str,
     trusts: dict[str, str | None],
     now: float,
     task_id: str | None,
@@ -315,7 +382,7 @@ def _screen(
     sender = trust.caller_party(session, caller)
     if not any_l3 and not is_l3(sender.trust):
         return list(trusts)
-    invoked = trust.invoked_by(req.method, req.capability)
+    invoked = trust.invoked_by(method, req.capability)
     allowed: list[str] = []
     refused: dict[str, ReachError] = {}
     for agent_id, level in trusts.items():
@@ -346,21 +413,30 @@ def _screen(
     return allowed
 
 
-def _targets(flt: RouteFilter, method: str | None, limit: int = CANDIDATE_LIMIT) -> Any:
-    """The live instances (with their agents' declarations) that may be eligible."""
+def _targets(
+    flt: RouteFilter, method: str | None, limit: int = CANDIDATE_LIMIT
+) -> tuple[Any, dict[str, Any]]:
+    """The live instances (with their agents' declarations) that may be eligible: the
+    statement and its parameters."""
+    return _targets_statement(shape_of(flt, method), limit), prefilter_params(flt, method)
+
+
+@lru_cache(maxsize=64)
+def _targets_statement(shape: PrefilterShape, limit: int) -> Any:
+    agents, instances = cast(Table, AgentRow.__table__), cast(Table, InstanceRow.__table__)
     return (
         select(
-            AgentRow.agent_id,
-            AgentRow.tags,
-            AgentRow.capabilities,
-            AgentRow.meta,
-            AgentRow.trust_level,
-            InstanceRow.breaker_open_until,
+            agents.c.agent_id,
+            agents.c.tags,
+            agents.c.capabilities,
+            agents.c["metadata"].label("meta"),
+            agents.c.trust_level,
+            instances.c.breaker_open_until,
         )
-        .join(AgentRow, AgentRow.agent_id == InstanceRow.agent_id)
-        .where(InstanceRow.status != InstanceStatus.DEREGISTERED)
-        .where(*prefilter(flt, method))
-        .order_by(InstanceRow.breaker_open_until.asc().nulls_first(), InstanceRow.instance_id)
+        .join(agents, agents.c.agent_id == instances.c.agent_id)
+        .where(instances.c.status != InstanceStatus.DEREGISTERED.value)
+        .where(*prefilter_conditions(shape))
+        .order_by(instances.c.breaker_open_until.asc().nulls_first(), instances.c.instance_id)
         .limit(limit)
     )
 

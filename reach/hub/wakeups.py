@@ -8,9 +8,15 @@ notification costs latency, never a result. Without Redis (the embedded default)
 no channel and waiters re-read on the timer alone.
 
 Progress streams also need the steps before the end: `mark_changed` announces that a
-task has new events (a status change, a progress report) on the same channel, flagged as
-a change, which wakes only the streams' listeners (`Waiters.on_change`), never a
-long-poll waiting for the end; a terminal notice wakes both.
+task has new events (a status change, a progress report) on a channel of its own, which
+wakes only the streams' listeners (`Waiters.on_change`), never a long-poll waiting for
+the end; a terminal notice wakes both. An API subscribes to the change channel only while
+it streams something, and a publisher sends change notices only while the channel has a
+subscriber (asked of Redis at most once per `CHANGE_LISTENERS_TTL_S`): a delivery nobody
+streams costs no notice, no decode and no hop onto the API's event loop. A stream's feed
+re-reads on a short timer until its API has been subscribed for that long
+(`Waiters.changes_live`), so the notices a publisher skipped before it looked again cost
+a few hundred milliseconds at most.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import contextlib
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -34,6 +41,14 @@ _CHANGED = "reach.changed"
 def channel_for(url: str) -> str:
     """One channel per Redis database: hubs sharing a server do not wake each other."""
     return "reach:done:" + url.rsplit("/", 1)[-1]
+
+
+def changes_channel_for(url: str) -> str:
+    """The change notices' channel (streams only), beside `channel_for`'s."""
+    return "reach:changed:" + url.rsplit("/", 1)[-1]
+
+
+CHANGE_LISTENERS_TTL_S = 1.0  # how long a publisher trusts its count of change listeners
 
 
 MAX_CARRIED_BYTES = 65_536  # a larger final view is announced by id and read by the waiter
@@ -55,7 +70,10 @@ class CompletionBus:
     def __init__(self, url: str | None) -> None:
         self.url = url
         self.channel = channel_for(url) if url else ""
+        self.changes_channel = changes_channel_for(url) if url else ""
         self._client: Any = None
+        self._listeners_at = -CHANGE_LISTENERS_TTL_S  # monotonic time of the last count
+        self._listeners = 0
 
     @property
     def enabled(self) -> bool:
@@ -76,21 +94,36 @@ class CompletionBus:
         if changed:
             self.notify_changed(k for k in changed if not keys or k not in keys)
 
+    def _redis(self) -> Any:
+        if self._client is None:
+            import redis
+
+            self._client = redis.Redis.from_url(
+                str(self.url), socket_timeout=1, socket_connect_timeout=1
+            )
+        return self._client
+
+    def _anyone_streams(self) -> bool:
+        """Whether the change channel has a subscriber (counted at most once a TTL)."""
+        now = time.monotonic()
+        if now - self._listeners_at >= CHANGE_LISTENERS_TTL_S:
+            counts = self._redis().pubsub_numsub(self.changes_channel)
+            self._listeners = int(counts[0][1]) if counts else 0
+            self._listeners_at = now
+        return self._listeners > 0
+
     def notify_changed(self, keys: Iterable[str]) -> None:
-        """Publish change notices (a terminal notice is one already: not repeated)."""
+        """Publish change notices (a terminal notice is one already: not repeated), only
+        while an API streams something."""
         keys = list(keys)
         if not keys:
             return
         try:
-            if self._client is None:
-                import redis
-
-                self._client = redis.Redis.from_url(
-                    str(self.url), socket_timeout=1, socket_connect_timeout=1
-                )
-            pipe = self._client.pipeline(transaction=False)
+            if not self._anyone_streams():
+                return
+            pipe = self._redis().pipeline(transaction=False)
             for key in keys:
-                pipe.publish(self.channel, json.dumps({"key": key, "change": True}))
+                pipe.publish(self.changes_channel, json.dumps({"key": key, "change": True}))
             pipe.execute()
         except Exception as exc:  # streams fall back to re-reading; never fail a commit
             log.debug("change notice not sent: %s", exc)
@@ -98,13 +131,7 @@ class CompletionBus:
     def notify(self, keys: Mapping[str, dict[str, Any] | None] | Iterable[str]) -> None:
         items = keys.items() if isinstance(keys, Mapping) else ((k, None) for k in keys)
         try:
-            if self._client is None:
-                import redis
-
-                self._client = redis.Redis.from_url(
-                    str(self.url), socket_timeout=1, socket_connect_timeout=1
-                )
-            pipe = self._client.pipeline(transaction=False)
+            pipe = self._redis().pipeline(transaction=False)
             for key, view in items:
                 pipe.publish(self.channel, _encode(key, view))
             pipe.execute()
@@ -159,6 +186,18 @@ class Waiters:
         self._on_change: dict[str, set[Callable[[str], None]]] = {}
         self._stop = threading.Event()
         self.live = False  # subscribed right now: waiters can afford a slow fallback timer
+        self._changes_since: float | None = None  # monotonic: subscribed to change notices
+
+    @property
+    def changes_live(self) -> bool:
+        """Subscribed to change notices for long enough that every publisher counts this
+        API among the listeners (`CHANGE_LISTENERS_TTL_S`): streams may wait on them."""
+        since = self._changes_since
+        return (
+            self.live
+            and since is not None
+            and time.monotonic() - since > (CHANGE_LISTENERS_TTL_S + 0.1)
+        )
 
     @contextlib.contextmanager
     def watch(self, keys: Iterable[str]) -> Iterator[Watch]:
@@ -222,8 +261,19 @@ class Waiters:
                 pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
                 pubsub.subscribe(bus.channel)
                 self.live = True
+                changes = False  # subscribed to the change channel
                 while not self._stop.is_set():
-                    message = pubsub.get_message(timeout=1.0)
+                    # the change channel only while something streams (read on this
+                    # thread: a PubSub is not shared between threads)
+                    if bool(self._on_change) != changes:
+                        changes = not changes
+                        if changes:
+                            pubsub.subscribe(bus.changes_channel)
+                            self._changes_since = time.monotonic()
+                        else:
+                            pubsub.unsubscribe(bus.changes_channel)
+                            self._changes_since = None
+                    message = pubsub.get_message(timeout=0.2 if changes else 0.5)
                     if message is not None and message.get("type") == "message":
                         try:
                             key, view, change = _decode_notice(message["data"])
@@ -241,3 +291,4 @@ class Waiters:
                 self._stop.wait(1.0)
             finally:
                 self.live = False
+                self._changes_since = None

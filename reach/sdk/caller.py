@@ -9,9 +9,11 @@ matching instance is failing; ``.extra["retry_after"]`` says when to try again) 
 ``AgentUnreachable`` or ``AgentTimeout`` say why in ``.cause``), ``ApprovalRejected`` (a
 human said no; ``.extra`` has ``decided_by`` and ``reason``), ``ApprovalExpired`` (nobody
 decided in time) and ``ResultTimeout`` (whose ``.extra["status"]`` says
-``awaiting_approval`` while a human has yet to decide) from ``wait_for_result``;
+``awaiting_approval`` while a human has yet to decide, ``waiting`` while an A2A agent
+asks for input) from ``wait_for_result``;
 ``Unauthenticated`` (no valid key) and ``Forbidden`` (a key outside its scope) from any
-call. ``get_task`` shows a parked task's status as is: ``awaiting_approval``.
+call; ``SemanticMatchingOff`` from a send with ``intent`` or `find` on a hub without its
+model. ``get_task`` shows a parked task's status as is: ``awaiting_approval``.
 
 Every function takes ``api_key``; by default, inside a handler, that agent's own key, else
 ``$REACH_API_KEY`` (see ``reach.sdk.hub_client.default_api_key``).
@@ -45,8 +47,22 @@ def _client(hub: str | None, read_timeout: float = 10.0, api_key: str | None = N
 
 @dataclass(frozen=True, slots=True)
 class Submission:
+    """An accepted task; ``agent_id`` and ``method`` say where an ``intent`` was matched
+    (the agent and capability the hub chose), or what was named."""
+
     task_id: str
     status: str
+    agent_id: str | None = None
+    method: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """A capability an intent matches (`find`): ``score`` is the cosine similarity."""
+
+    agent_id: str
+    capability: str
+    score: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,11 +77,12 @@ class TaskResult:
 
 def send(
     *,
-    method: str,
+    method: str | None = None,
     payload: dict[str, Any] | None = None,
     agent_id: str | None = None,
     tags: Sequence[str] = (),
     capability: str | None = None,
+    intent: str | None = None,
     rules: dict[str, str | int | float | bool] | None = None,
     task_id: str | None = None,
     timeout_ms: int = 30_000,
@@ -78,6 +95,13 @@ def send(
     callback_progress: bool = False,
 ) -> Submission:
     """Submit one task; idempotent on ``task_id`` (resubmitting returns the same task).
+
+    ``intent`` describes what is needed in words ("refund a damaged order"): the hub
+    matches it to a declared capability by meaning among the agents the other arguments
+    allow (``method`` may then be left out: it is the matched capability, returned in
+    ``.method`` with the agent in ``.agent_id``). Nothing close enough raises
+    ``NoSuitableAgent`` (its ``.extra["candidates"]`` has the closest and their scores);
+    a hub without semantic matching raises ``SemanticMatchingOff``.
 
     With ``callback_url`` the hub POSTs the result there once the task ends (and each
     progress report, with ``callback_progress``), signed: verify it with
@@ -96,6 +120,7 @@ def send(
         "agent_id": agent_id,
         "tags": list(tags),
         "capability": capability,
+        "intent": intent,
         "rules": rules or {},
         "task_id": task_id,
         "timeout_ms": timeout_ms,
@@ -106,13 +131,48 @@ def send(
         "callback_context": callback_context,
         "callback_progress": callback_progress or None,
     }
-    answer = _client(hub, api_key=api_key).post(
+    # the first intent a hub process matches may wait for its model to load (seconds)
+    read_timeout = SEMANTIC_READ_TIMEOUT if intent is not None else 10.0
+    answer = _client(hub, read_timeout, api_key=api_key).post(
         "/v1/tasks", {k: v for k, v in body.items() if v is not None}, keys=_SUBMITTED
     )
-    return Submission(answer["task_id"], answer["status"])
+    return Submission(
+        answer["task_id"], answer["status"], answer.get("agent_id"), answer.get("method")
+    )
 
 
+def find(
+    intent: str,
+    *,
+    agent_id: str | None = None,
+    tags: Sequence[str] = (),
+    capability: str | None = None,
+    method: str | None = None,
+    limit: int = 5,
+    hub: str | None = None,
+    api_key: str | None = None,
+) -> list[Match]:
+    """The capabilities ``intent`` matches, best first (``GET /v1/match``): what a send
+    with this intent would choose from, without sending. Nothing at the hub's threshold
+    raises ``NoSuitableAgent`` (``.extra["candidates"]``: the closest, with scores); a
+    hub without semantic matching raises ``SemanticMatchingOff``."""
+    params: dict[str, Any] = {
+        "intent": intent,
+        "agent_id": agent_id,
+        "tag": list(tags) or None,
+        "capability": capability,
+        "method": method,
+        "limit": limit,
+    }
+    answer = _client(hub, SEMANTIC_READ_TIMEOUT, api_key=api_key).get(
+        "/v1/match", params={k: v for k, v in params.items() if v is not None}, keys=_MATCHED
+    )
+    return [Match(c["agent_id"], c["capability"], float(c["score"])) for c in answer["candidates"]]
+
+
+SEMANTIC_READ_TIMEOUT = 60.0
 _SUBMITTED = ("task_id", "status")
+_MATCHED = ("candidates",)
 _VIEW = ("task_id", "status", "attempt_seq")
 _BROADCAST = ("broadcast_id", "complete", "reason", "succeeded", "results")
 
@@ -152,6 +212,13 @@ def _timeout(view: dict[str, Any], task_id: str, timeout: float) -> ResultTimeou
         return ResultTimeout(
             f"task {task_id} is still awaiting approval after {timeout:g}s "
             "(a human must approve or reject it: `reach approvals list`)",
+            task_id=task_id,
+            status=status,
+        )
+    if status == TaskStatus.WAITING:
+        return ResultTimeout(
+            f"task {task_id} is still waiting after {timeout:g}s: its A2A agent asked for "
+            "input or authorisation (the task's `waiting` event says what)",
             task_id=task_id,
             status=status,
         )

@@ -7,6 +7,7 @@ publisher confirms on AMQP, and a worker that reconnects to a returning broker a
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from celery import Celery
@@ -23,6 +24,7 @@ TASK_MODULES = [
     "tasks.dags",
     "tasks.webhooks",
     "tasks.callbacks",
+    "tasks.a2a",
 ]
 QUEUES = WORKER_QUEUES  # probe, online, background: the order workers prefer them in
 BEAT_SCHEDULER = "reach.worker.beat_lock:LeasedScheduler"  # one active beat (a lease)
@@ -83,10 +85,22 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     return config
 
 
+def _make_sqlite_parent(url: str) -> None:
+    """SQLite opens a missing file but not a missing folder: the embedded broker and the
+    default result backend live under ``storage.home``, which a fresh checkout (or a worker
+    on RabbitMQ with no result backend set) does not have yet."""
+    for prefix in ("sqla+sqlite:///", "db+sqlite:///"):
+        if url.startswith(prefix):
+            Path(url.removeprefix(prefix)).parent.mkdir(parents=True, exist_ok=True)
+
+
 def create_celery(settings: Settings) -> Celery:
     from beat_schedule import beat_schedule
 
+    config = celery_config(settings)
+    for url in (settings.storage.resolved_broker_url, config["result_backend"]):
+        _make_sqlite_parent(url)
     app = Celery("reach", include=TASK_MODULES)
-    app.conf.update(celery_config(settings))
+    app.conf.update(config)
     app.conf.beat_schedule = beat_schedule(settings)
     return app

@@ -166,7 +166,9 @@ def cli(stack: Stack, *args: str) -> dict[str, Any]:
 
 
 def test_declared_bound_and_admin_override(stack: Stack, slow_agent: Any) -> None:
-    agent = slow_agent("bp-own", 6.0, "--max-queue", "2")  # declared at registration
+    # declared at registration; 20 s a task: the queue must not drain while the CLI calls
+    # below start (each a few seconds on a loaded box)
+    agent = slow_agent("bp-own", 20.0, "--max-queue", "2")
     first = [submit(stack.url, "bp-own", f"bp-own-{n}") for n in range(4)]
     assert [a.status_code for a in first] == [201, 201, 429, 429]
     assert_backpressure(first[2], 2)

@@ -61,7 +61,10 @@ def test_sdk_agent_registers_heartbeats_and_deregisters(
         )
         assert table.returncode == 0, table.stderr
         assert "doc-analyzer-01" in table.stdout and "online" in table.stdout
-        assert "score" in table.stdout
+        # into a pipe: tab-separated rows under a header, every value whole
+        header, row = table.stdout.splitlines()[:2]
+        assert "SCORE" in header.split("\t")
+        assert row.split("\t")[:3] == ["doc-analyzer-01", live[0]["instance_id"], "online"]
         as_json = subprocess.run(
             [
                 sys.executable,

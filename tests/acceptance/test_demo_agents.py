@@ -4,18 +4,17 @@ chat_agent.py) as real processes behind a real hub, and `reach up` starting all 
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
 
 import pytest
 import requests
 
 import reach
 from tests.conftest import REPO, Stack, free_port, wait_until
+from tests.support.demo_agents import running
 
 DEMO_AGENTS = {
     "sales-agent-01": "sales_agent.py",
@@ -35,53 +34,8 @@ def demo_agents(
     shared_stack: Stack, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Path]]:
     """The three demo agents, started once per hub, online; yields their log files."""
-    logs_dir = tmp_path_factory.mktemp("demo-agents")
-    logs: dict[str, Path] = {}
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-    outs: list[IO[bytes]] = []
-    try:
-        for agent_id, script in DEMO_AGENTS.items():
-            logs[agent_id] = logs_dir / f"{agent_id}.log"
-            out = logs[agent_id].open("wb")
-            outs.append(out)
-            procs[agent_id] = subprocess.Popen(
-                [
-                    sys.executable,
-                    str(REPO / "examples" / "agents" / script),
-                    "--port",
-                    str(free_port()),
-                    "--hub",
-                    shared_stack.url,
-                    "--heartbeat-interval",
-                    "0.5",
-                ],
-                cwd=REPO,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        for agent_id, proc in procs.items():
-
-            def online(agent_id: str = agent_id, proc: subprocess.Popen[bytes] = proc) -> bool:
-                if proc.poll() is not None:
-                    raise AssertionError(
-                        f"{agent_id} exited with {proc.returncode}:\n{logs[agent_id].read_text()}"
-                    )
-                return any(i["status"] == "online" for i in shared_stack.instances(agent_id))
-
-            wait_until(online, timeout=30, what=f"{agent_id} online")
+    with running(shared_stack, DEMO_AGENTS, tmp_path_factory.mktemp("demo-agents")) as logs:
         yield logs
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs.values():
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        for log in outs:
-            log.close()
 
 
 def run(stack: Stack, method: str, payload: dict[str, object]) -> reach.TaskResult:

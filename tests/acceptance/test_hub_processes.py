@@ -1,14 +1,15 @@
-"""The hub's processes (api, worker, beat, flower, up) as real processes on real brokers."""
+"""The hub's processes (api, worker, beat) as real processes on real brokers (`reach up`:
+test_reach_up.py; `reach flower`: test_flower.py)."""
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import requests
 from sqlalchemy import select
@@ -97,81 +98,6 @@ def test_beat_and_worker_persist_offline_for_a_killed_agent(
         engine.dispose()
 
 
-@pytest.mark.redis
-def test_flower_shows_the_hubs_tasks(redis_db: str, tmp_path: Path) -> None:
-    env = hub_env(
-        f"sqlite:///{tmp_path}/reach.db",
-        tmp_path,
-        REACH_BROKER_URL=redis_db,
-        FLOWER_UNAUTHENTICATED_API="true",
-    )
-    port = free_port()
-    worker = HubProcess(["worker", "--concurrency", "1"], env, tmp_path / "worker.log")
-    flower = HubProcess(["flower", "--port", str(port)], env, tmp_path / "flower.log")
-    try:
-
-        def registered() -> list[str]:
-            try:
-                workers = requests.get(
-                    f"http://127.0.0.1:{port}/api/workers", params={"refresh": "1"}, timeout=10
-                ).json()
-            except (requests.RequestException, ValueError):
-                return []
-            return [t for w in workers.values() for t in (w.get("registered") or [])]
-
-        tasks = wait_until(registered, timeout=40, interval=0.5, what="flower to see the worker")
-        assert {"reach.reachability_sweep", "reach.probe_sweep"} <= set(tasks)
-    finally:
-        flower.stop()
-        worker.stop()
-
-
-def test_reach_up_runs_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
-    port = free_port()
-    env = hub_env(f"sqlite:///{tmp_path}/reach.db", tmp_path)
-    env.pop("REACH_DATABASE_URL")  # the embedded default under REACH_HOME
-    up = HubProcess(
-        ["up", "--port", str(port), "--demo-port", str(free_port())], env, tmp_path / "up.log"
-    )
-    hub = f"http://127.0.0.1:{port}"
-    try:
-        wait_http_ok(hub + "/healthz", up, timeout=60)
-
-        def demo_online() -> set[str]:
-            agents = requests.get(f"{hub}/api/v1/agents", timeout=5).json()["agents"]
-            return {a["agent_id"] for a in agents if a["status"] == "online"}
-
-        assert wait_until(
-            lambda: (
-                demo_online()
-                >= {
-                    "doc-analyzer-01",
-                    "summarizer-01",
-                    "sales-agent-01",
-                    "knowledge-agent-01",
-                    "chat-agent-01",
-                }
-            ),
-            timeout=30,
-            what="both demo agents online",
-        )
-        # the embedded default: SQLite store and SQLite broker under REACH_HOME
-        assert (tmp_path / "reach.db").exists()
-        wait_until((tmp_path / "broker.db").exists, timeout=30, what="the embedded broker")
-    finally:
-        up.proc.send_signal(signal.SIGINT)
-        code = up.proc.wait(timeout=30)
-        up.stop()
-    assert code == 0, up.output()
-    # the demo agents deregistered on the way out
-    from reach.hub.storage import create_engine_for as mk
-
-    engine = mk(f"sqlite:///{tmp_path}/reach.db")
-    with session_factory(engine)() as s:
-        assert {r.status for r in s.scalars(select(InstanceRow))} == {"deregistered"}
-    engine.dispose()
-
-
 def test_bad_setting_stops_start_up_naming_the_key(tmp_path: Path) -> None:
     env = hub_env(f"sqlite:///{tmp_path}/reach.db", tmp_path, REACH_SERVER__PORT="eighty")
     r = subprocess.run(
@@ -246,3 +172,69 @@ def test_admin_port_serves_the_admin_api_apart(tmp_path: Path) -> None:
         assert "agentreach_reach_score" in requests.get(f"{internal}/metrics", timeout=5).text
     finally:
         assert api.stop() == 0  # one SIGTERM stops both listeners cleanly
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_api_replicas_share_one_port_and_outlive_each_other(store_url: str, tmp_path: Path) -> None:
+    """Two ``reach api --reuse-port`` on one port: every new connection is answered, a
+    registration through one is read back through whichever answers, and with one
+    replica killed the port still serves."""
+    port = free_port()
+    env = hub_env(store_url, tmp_path)
+    replicas = [
+        HubProcess(["api", "--port", str(port), "--reuse-port"], env, tmp_path / f"api-{n}.log")
+        for n in range(2)
+    ]
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for replica in replicas:
+            wait_http_ok(url + "/healthz", replica)
+        for replica in replicas:  # the port answers once either listens: wait for both
+            wait_until(
+                lambda r=replica: _listens(r, port), timeout=60, what="both replicas listening"
+            )
+        registered = requests.post(
+            url + "/v1/agents/register",
+            json={"agent_id": "shared", "addr": "127.0.0.1:9", "allow_loopback": True},
+            headers={"Connection": "close"},
+            timeout=10,
+        )
+        assert registered.status_code == 201, registered.text
+        for _ in range(20):  # new connections: the kernel spreads them over both
+            seen = requests.get(url + "/api/v1/agents/shared", headers={"Connection": "close"})
+            assert seen.status_code == 200 and seen.json()["agent_id"] == "shared"
+        replicas[0].kill_group()
+        for _ in range(10):
+            assert requests.get(url + "/healthz", headers={"Connection": "close"}, timeout=5).ok
+    finally:
+        for replica in replicas:
+            replica.stop()
+
+
+def _listens(replica: HubProcess, port: int) -> bool:
+    """Whether the replica's process (or a child of it) holds a listening socket on port."""
+    try:
+        root = psutil.Process(replica.proc.pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return False
+    for proc in procs:
+        try:
+            conns = proc.net_connections(kind="tcp")
+        except psutil.NoSuchProcess:
+            continue
+        if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in conns):
+            return True
+    return False
+
+
+def test_reuse_port_refuses_a_second_admin_port(tmp_path: Path) -> None:
+    env = hub_env(
+        f"sqlite:///{tmp_path / 'reach.db'}", tmp_path, REACH_SERVER__ADMIN_PORT=str(free_port())
+    )
+    subprocess.run([sys.executable, "-m", "reach", "db", "upgrade"], env=env, cwd=REPO, check=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "reach", "api", "--port", str(free_port()), "--reuse-port"],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2 and "admin_port" in done.stdout + done.stderr

@@ -139,7 +139,9 @@ def test_fifty_agents_never_exceed_the_probe_pool_and_delivery_flows(
             assert r.status_code == 201, r.text
 
         def probed_everyone() -> bool:
-            agents = requests.get(f"{stack.url}/api/v1/agents", timeout=5).json()["agents"]
+            agents = requests.get(
+                f"{stack.url}/api/v1/agents", params={"limit": 500}, timeout=5
+            ).json()["agents"]
             fleet = [a for a in agents if a["agent_id"].startswith("fleet-")]
             return len(fleet) == 50 and all(a["instances"][0]["last_probe_at"] for a in fleet)
 

@@ -9,15 +9,20 @@ business (``python -m bench``), never a test's.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from bench.flow import FLOW
 from bench.report import SCENARIOS
+from tests.conftest import PG_ADMIN_DSN
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -25,20 +30,30 @@ pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(420)]
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
     out = tmp_path_factory.mktemp("bench")
-    run = subprocess.run(
-        [sys.executable, "-m", "bench", "--smoke", "--out", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
+    # a database and Redis of this run's own: never one another run (or engineer) uses
+    database = f"reach_bench_smoke_{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "BENCH_PG_DATABASE": database}
+    if os.environ.get("REACH_TEST_REDIS_URL"):
+        env["REACH_BENCH_REDIS_URL"] = os.environ["REACH_TEST_REDIS_URL"].rstrip("/") + "/12"
+    try:
+        run = subprocess.run(
+            [sys.executable, "-m", "bench", "--smoke", "--out", str(out)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=400,
+            env=env,
+        )
+    finally:
+        with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')  # type: ignore[arg-type]
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
     result: dict[str, object] = json.loads((out / "latest.json").read_text())
     result["_files"] = sorted(p.name for p in out.iterdir())
     result["_stdout"] = run.stdout
-    return result
+    yield result
 
 
 def test_every_scenario_and_baseline_is_reported(smoke: dict[str, object]) -> None:
@@ -57,6 +72,18 @@ def test_every_scenario_and_baseline_is_reported(smoke: dict[str, object]) -> No
     assert "| single_hop |" in str(smoke["_stdout"])
 
 
+def test_cost_per_message_and_the_generators_lag_are_measured(smoke: dict[str, object]) -> None:
+    cost = smoke["cost"]
+    assert cost["lost"] == 0 and cost["errors"] == 0, cost  # type: ignore[index]
+    per_role = cost["cpu_ms_per_msg"]  # type: ignore[index]
+    assert per_role["api"] > 0 and per_role["worker"] > 0, per_role
+    for row in smoke["scenarios"].values():  # type: ignore[attr-defined]
+        assert row["loadgen_lag_max_ms"] is not None and row["loadgen_lag_max_ms"] >= 0
+    # the baselines ran with the hub stopped, each ladder recorded
+    for row in smoke["baselines"].values():  # type: ignore[attr-defined]
+        assert row["ladder"]["median"] == row["max_throughput"]
+
+
 def test_reach_tokens_cost_is_measured_on_and_off(smoke: dict[str, object]) -> None:
     tokens = smoke["tokens"]
     assert tokens["saturated_on"] and tokens["saturated_off"], tokens  # type: ignore[index]
@@ -64,6 +91,26 @@ def test_reach_tokens_cost_is_measured_on_and_off(smoke: dict[str, object]) -> N
         for run in tokens["runs"][mode]:  # type: ignore[index]
             assert run["lost"] == 0 and run["errors"] == 0 and run["saturated_errors"] == 0, run
     assert "| on (hub signs, agent verifies) |" in str(smoke["_stdout"])
+
+
+def test_channel_delivery_is_measured_beside_http(smoke: dict[str, object]) -> None:
+    pairs = smoke["details"]["channel"]  # type: ignore[index]
+    for round_ in pairs["rounds"]:
+        assert round_["lost"] == 0 and round_["errors"] == 0, round_
+        # both sides of each pair answered: an agent that never took work has no p50
+        assert round_["http_p50_ms"] and round_["channel_p50_ms"], round_
+        assert round_["http_saturated"] and round_["channel_saturated"], round_
+        assert round_["http_cpu_ms_per_msg"] and round_["channel_cpu_ms_per_msg"], round_
+    assert "channel ÷ HTTP p50" in str(smoke["_stdout"])
+
+
+def test_semantic_part_says_why_it_is_not_measured_without_the_model(
+    smoke: dict[str, object],
+) -> None:
+    """This venv has no agent-reach[semantic]: the part is reported as skipped, with the
+    reason (tests/semantic/test_bench_semantic.py measures it where the model is)."""
+    assert "semantic extra is not installed" in smoke["semantic"]["skipped"]  # type: ignore[index]
+    assert "Semantic matching: not measured" in str(smoke["_stdout"])
 
 
 def test_no_accepted_task_is_lost(smoke: dict[str, object]) -> None:
@@ -76,6 +123,13 @@ def test_fault_run_callers_all_get_a_definitive_answer(smoke: dict[str, object])
     outcomes = fault["outcomes"]
     assert set(outcomes) <= {"success", "fast_failure", "dead"}, outcomes
     assert outcomes.get("success", 0) > 0
+    # refusals and dead letters are columns of their own, never counted as successes
+    row = smoke["scenarios"]["fault"]  # type: ignore[index]
+    assert fault["successes"] == outcomes.get("success", 0)
+    assert fault["fast_refusals"] == outcomes.get("fast_failure", 0)
+    assert fault["dead_letters"] == outcomes.get("dead", 0)
+    assert row["requests"] == sum(outcomes.values()) and row["errors"] == 0
+    assert "| successes | fast refusals | dead letters |" in str(smoke["_stdout"])
     # the outage was seen: the agent's timeline has requests before it and none is lost
     assert fault["normal_rate"] > 0
     assert len(fault["timeline_per_s"]) >= fault["outage_to_s"]

@@ -7,8 +7,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bench.cli import targets
-from bench.report import SCENARIOS, markdown, write
+from bench.report import SCENARIOS, _throughput_change, markdown, write
 
 
 def _row(p50: float, p99: float, lost: int = 0) -> dict[str, Any]:
@@ -47,6 +49,16 @@ def _result() -> dict[str, Any]:
         },
         "max_throughput": 240.0,
         "details": {
+            "channel": {
+                "rate": 20.0,
+                "sustained": True,
+                "http_p50_ms": 10.0,
+                "channel_p50_ms": 13.0,  # 1.3x: over the 1.2x limit
+                "http_saturated": 60.0,
+                "channel_saturated": 55.0,  # 0.92x: at least 1/1.2
+                "http_cpu_ms_per_msg": 10.0,
+                "channel_cpu_ms_per_msg": 11.0,
+            },
             "inflight2000": {"tasks": 2000, "wall_s": 9.0, "wall_limit_s": 11.4},
             "fault": {
                 "timeline_per_s": [30, 31, 29, 40, 3, 0, 1, 0, 30],
@@ -89,13 +101,21 @@ def test_markdown_quotes_every_scenario_and_baseline() -> None:
 
 def test_targets_are_judged_against_the_issue() -> None:
     verdicts = {t.name: t.met for t in targets(_result())}
-    assert verdicts["max single-hop throughput, msg/s"] is True
-    assert verdicts["single hop @100/s p50 ms"] is True
-    assert verdicts["two hops @50/s p99 ms"] is False  # 120 > 100
-    assert verdicts["broadcast to 5 @20/s p99 ms"] is True
+    assert verdicts["max single-hop throughput, msg/s (p99 ≤ 100 ms)"] is False  # 240 < 300
+    assert verdicts["max throughput ÷ plain Celery at equal concurrency"] is False  # 0.96
+    assert verdicts["single hop @100/s p50 ms"] is False  # 9 > 5
+    assert verdicts["two hops @100/s p99 ms"] is False  # 120 > 50
+    assert verdicts["broadcast to 5 @50/s p99 ms"] is True
     assert verdicts["in-flight run wall time s"] is True
     assert verdicts["fault: peak rate at failing agent ÷ normal"] is True
     assert verdicts["fault run lost tasks"] is False  # one lost is one too many
+    assert verdicts["channel ÷ HTTP p50 @20/s"] is False
+    assert verdicts["channel ÷ HTTP saturated rate"] is True
+    assert verdicts["channel ÷ HTTP CPU per delivery"] is True
+    unsustained = _result()
+    unsustained["details"]["channel"].update(sustained=False, channel_p50_ms=10.0)
+    verdicts = {t.name: t.met for t in targets(unsustained)}
+    assert verdicts["channel ÷ HTTP p50 @20/s"] is False  # a saturated hub shows no ratio
 
 
 def _flow() -> dict[str, Any]:
@@ -142,3 +162,15 @@ def test_flow_control_rows_and_targets() -> None:
     assert verdicts["priority: online p99 under a background flood ÷ unloaded"] is False
     assert verdicts["backpressure: accepted tasks not completed"] is True
     assert verdicts["backpressure: hub RSS growth during the flood, MB"] is True
+
+
+@pytest.mark.parametrize(
+    ("loss_pct", "said"),
+    [
+        (4.0, "4.0 % less throughput with the rows"),
+        (-19.5, "19.5 % more throughput with the rows"),  # never "-19.5 % lost"
+        (None, "no rate on the empty store to compare with"),
+    ],
+)
+def test_table_scale_says_which_way_the_rate_moved(loss_pct: float | None, said: str) -> None:
+    assert _throughput_change(loss_pct) == said

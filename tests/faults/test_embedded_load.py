@@ -45,7 +45,8 @@ def up(tmp_path: Path) -> Iterator[tuple[str, HubProcess]]:
     env.pop("REACH_DATABASE_URL")  # the embedded default under REACH_HOME
     port = free_port()
     proc = HubProcess(
-        ["up", "--port", str(port), "--demo-port", str(free_block(len(DEMO)))],
+        # --verbose: the processes' logs in up.log, where the lock errors are looked for
+        ["up", "--verbose", "--port", str(port), "--demo-port", str(free_block(len(DEMO)))],
         env,
         tmp_path / "up.log",
     )

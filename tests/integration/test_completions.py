@@ -13,7 +13,13 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from reach.hub.storage import session_factory
-from reach.hub.wakeups import MAX_CARRIED_BYTES, CompletionBus, Waiters, mark_finished
+from reach.hub.wakeups import (
+    CHANGE_LISTENERS_TTL_S,
+    MAX_CARRIED_BYTES,
+    CompletionBus,
+    Waiters,
+    mark_finished,
+)
 
 pytestmark = pytest.mark.redis
 
@@ -95,3 +101,66 @@ def test_without_redis_nothing_is_attached(engine: Engine) -> None:
     with factory.begin() as s:
         mark_finished(s, "t-6", None)
     assert not bus.enabled
+
+
+def _published_changes(url: str, act: Any, settle: float = 0.3) -> list[bytes]:
+    """What the hub's channels carry while ``act`` runs (any ``reach:*`` channel), seen by
+    a pattern subscriber, which unlike a plain one does not count as a listener (NUMSUB)."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+    pubsub.psubscribe("reach:*")
+    try:
+        act()
+        seen: list[bytes] = []
+        deadline = time.monotonic() + settle
+        while time.monotonic() < deadline:
+            message = pubsub.get_message(timeout=0.05)
+            if message is not None and message.get("type") == "pmessage":
+                seen.append(message["data"])
+        return seen
+    finally:
+        pubsub.close()
+        client.close()
+
+
+def test_change_notices_are_not_sent_while_nothing_streams(redis_db: str) -> None:
+    bus = CompletionBus(redis_db)
+    assert _published_changes(redis_db, lambda: bus.notify_changed(["t-7"])) == []
+
+
+def test_a_streaming_api_gets_change_notices_and_none_after(redis_db: str) -> None:
+    """A stream's listener subscribes the API to the change channel; once publishers have
+    counted it (`Waiters.changes_live`) every change notice reaches the listener. When
+    the last stream ends the API leaves the channel and publishers stop sending."""
+    bus = CompletionBus(redis_db)
+
+    async def main() -> tuple[list[str], bool]:
+        waiters = Waiters()
+        waiters.start(CompletionBus(redis_db), asyncio.get_running_loop())
+        seen: list[str] = []
+        got = asyncio.Event()
+
+        def listener(key: str) -> None:
+            seen.append(key)
+            got.set()
+
+        try:
+            with waiters.on_change(["t-8"], listener):
+                deadline = time.monotonic() + 5
+                while not waiters.changes_live and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                assert waiters.changes_live, "the listener never subscribed to changes"
+                loop = asyncio.get_running_loop()
+                await loop.run_in_executor(None, bus.notify_changed, ["t-8", "t-9"])
+                await asyncio.wait_for(got.wait(), 5)
+            await asyncio.sleep(1.0)  # the listener thread leaves the change channel
+            return seen, waiters.changes_live
+        finally:
+            waiters.stop()
+
+    seen, still_live = asyncio.run(main())
+    assert seen == ["t-8"] and not still_live  # only the watched key's listener ran
+    time.sleep(CHANGE_LISTENERS_TTL_S)  # the publisher counts again: nobody listens
+    assert _published_changes(redis_db, lambda: bus.notify_changed(["t-8"])) == []

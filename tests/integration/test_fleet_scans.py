@@ -141,14 +141,20 @@ def _tuples_read(s: Session) -> int:
     )
 
 
+def check_target(s: Session, req: SubmitRequest, now: float) -> None:
+    """Submission's target check, for a request that names its method."""
+    assert req.method is not None
+    submission._check_target(s, req, req.method, now)
+
+
 def submit_by_capability(s: Session, policy: Policy) -> None:
     req = SubmitRequest(capability="doc.target", method="doc.target", payload={})
-    submission._check_target(s, req, NOW)
+    check_target(s, req, NOW)
 
 
 def submit_by_tag(s: Session, policy: Policy) -> None:
     req = SubmitRequest(tags=["target"], method="doc.target", payload={})
-    submission._check_target(s, req, NOW)
+    check_target(s, req, NOW)
 
 
 def candidates(s: Session, policy: Policy) -> None:
@@ -203,9 +209,7 @@ def test_the_refusal_still_names_agents_that_lack_the_method(
 
     targets(sessions, policy)
     with sessions.begin() as s, pytest.raises(NoSuitableAgent) as refused:
-        submission._check_target(
-            s, SubmitRequest(tags=["target"], method="doc.other", payload={}), NOW
-        )
+        check_target(s, SubmitRequest(tags=["target"], method="doc.other", payload={}), NOW)
     assert "target-0, target-1, target-2 match but declare no capability" in str(refused.value)
 
 
@@ -222,10 +226,10 @@ def test_a_new_declaration_replaces_the_indexed_one(
             s, policy, "mover", "10.3.0.1:7000", tags=["new"], capabilities=[{"type": "doc.new"}]
         )
     with sessions.begin() as s:
-        submission._check_target(s, SubmitRequest(tags=["new"], method="doc.new"), NOW)
+        check_target(s, SubmitRequest(tags=["new"], method="doc.new"), NOW)
         for req in (
             SubmitRequest(tags=["old"], method="doc.new"),
             SubmitRequest(capability="doc.target", method="doc.target"),
         ):
             with pytest.raises(NoSuitableAgent):
-                submission._check_target(s, req, NOW)
+                check_target(s, req, NOW)

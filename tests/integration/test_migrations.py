@@ -69,3 +69,18 @@ def test_retention_indexes_come_and_go_with_0007(engine: Engine, store_url: str)
     upgrade_database(store_url)
     assert present() == set(wanted.values())
     assert database_revision_problem(store_url) is None
+
+
+def test_0017_drops_the_task_indexes_that_prefix_others(engine: Engine, store_url: str) -> None:
+    def names() -> set[str]:
+        return {ix["name"] for ix in inspect(engine).get_indexes("tasks") if ix["name"]}
+
+    prefixes = {"ix_tasks_status", "ix_tasks_agent_id"}
+    assert not prefixes & names()
+    # what serves their queries stays
+    assert {"ix_tasks_status_next_attempt", "ix_tasks_agent_status"} <= names()
+    downgrade_database(store_url, "0016")
+    assert prefixes <= names()
+    upgrade_database(store_url)
+    assert not prefixes & names()
+    assert database_revision_problem(store_url) is None

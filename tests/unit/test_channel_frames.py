@@ -6,7 +6,15 @@ import json
 
 import pytest
 
-from reach.core.channel import FROM_AGENT, FROM_HUB, FrameError, encode, parse, shown_endpoint
+from reach.core.channel import (
+    FROM_AGENT,
+    FROM_HUB,
+    FrameError,
+    encode,
+    parse,
+    redacted,
+    shown_endpoint,
+)
 
 REFUSED = [
     ("{not json", "not JSON"),
@@ -68,3 +76,23 @@ def test_accepted() -> None:
 def test_a_view_never_shows_a_channel_secret(stored: str, shown: str) -> None:
     assert shown_endpoint(stored) == shown
     assert "s3cr3t" not in shown_endpoint(stored)
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        (
+            "ConnectionError: Max retries exceeded with url: "
+            "/internal/channel/i-1/s3cr3t-_x/tasks/task.process (Caused by ...)",
+            "ConnectionError: Max retries exceeded with url: "
+            "/internal/channel/i-1/***/tasks/task.process (Caused by ...)",
+        ),
+        ("'http://h:1/internal/channel/i-1/s3cr3t'", "'http://h:1/internal/channel/i-1/***'"),
+        ("a/internal/channel/i-1/s3cr3t and /internal/channel/i-2/s3cr3t", None),
+        ("read timed out (read timeout=2.0)", "read timed out (read timeout=2.0)"),
+    ],
+)
+def test_a_delivery_error_never_quotes_a_channel_secret(text: str, shown: str | None) -> None:
+    assert "s3cr3t" not in redacted(text)
+    if shown is not None:
+        assert redacted(text) == shown

@@ -36,6 +36,15 @@ LEGAL: dict[tuple[TaskStatus, TaskEvent], TaskStatus] = {
     (S.AWAITING_APPROVAL, E.APPROVE): S.PENDING,
     (S.AWAITING_APPROVAL, E.REJECT): S.FAILED,
     (S.DEAD, E.REPLAY): S.PENDING,
+    # an A2A agent asking for input or authorisation, and going on
+    (S.DISPATCHING, E.WAIT): S.WAITING,
+    (S.EXECUTING, E.WAIT): S.WAITING,
+    (S.WAITING, E.RESUME): S.EXECUTING,
+    (S.WAITING, E.RETRY): S.PENDING,  # its follow lost the agent: a new attempt
+    (S.WAITING, E.SUCCEED): S.SUCCESS,
+    (S.WAITING, E.FAIL): S.FAILED,
+    (S.WAITING, E.DEAD_LETTER): S.DEAD,
+    (S.WAITING, E.CANCEL): S.CANCELLED,
 }
 ILLEGAL = [pair for pair in itertools.product(TaskStatus, TaskEvent) if pair not in LEGAL]
 
@@ -74,7 +83,7 @@ def test_strings_read_back_from_a_row_are_the_members() -> None:
     """A stored value is the enum's string, so a row's status works as a member."""
     assert transition("pending", E.CLAIM) == "dispatching"  # type: ignore[arg-type]
     assert {s.value for s in TaskStatus} == {
-        "pending", "dispatching", "executing", "awaiting_approval",
+        "pending", "dispatching", "executing", "waiting", "awaiting_approval",
         "success", "failed", "dead", "cancelled",
     }  # fmt: skip
 

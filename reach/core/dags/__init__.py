@@ -15,6 +15,8 @@ The package, one concept per module:
 - `conditions`: the condition language (parsed, never ``eval``-ed) and `decide`;
 - `inputs`: a node's payload from ``$input`` and ``$nodes.<id>.data...`` (`build_payload`);
 - `plan`: the level plan (`compile_plan`, `Plan.extra_waits`).
+- `drawing`: a run's graph laid out in layers and drawn as SVG for the dashboard
+  (imported as ``reach.core.dags.drawing``, not re-exported here).
 """
 
 from reach.core.dags.conditions import (

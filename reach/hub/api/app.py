@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from reach.core import paging
 from reach.core.auth import Action, Principal, auth_required
 from reach.core.health import InstanceStatus
 from reach.hub import admission, approvals, loops, metrics, monitoring, registry, sessions, signing
@@ -20,18 +21,22 @@ from reach.hub.api import links
 from reach.hub.api.admission import MemoryAdmissionMiddleware
 from reach.hub.api.auth import AuthMiddleware, demand_agent, require
 from reach.hub.api.problems import BodyLimitMiddleware, install_problem_handlers
+from reach.hub.api.routes.a2a import a2a_router
 from reach.hub.api.routes.agents_admin import agents_admin_router
 from reach.hub.api.routes.approvals import approval_router
 from reach.hub.api.routes.audit import audit_router
 from reach.hub.api.routes.broadcasts import broadcast_router
 from reach.hub.api.routes.channel import channel_router
 from reach.hub.api.routes.dagruns import dag_router
+from reach.hub.api.routes.listings import listing_router
+from reach.hub.api.routes.matching import match_router
 from reach.hub.api.routes.sessions import session_router
 from reach.hub.api.routes.streams import dag_stream_router, stream_router
 from reach.hub.api.routes.tasks import dead_letter_router, task_router
 from reach.hub.context import HubContext
 from reach.hub.memory import MemoryGauge
 from reach.hub.streams import StreamHub
+from reach.hub.ui.router import install_ui
 from reach.hub.wakeups import Waiters
 from reach.schemas import (
     DeregisterRequest,
@@ -100,9 +105,11 @@ def create_app(
         app.include_router(_agent_router(ctx))
         app.include_router(channel_router(ctx, require_auth))  # agents behind NAT
         app.include_router(task_router(ctx, waiters))
+        app.include_router(match_router(ctx))  # semantic capability matching
         app.include_router(broadcast_router(ctx, waiters))
         app.include_router(stream_router(ctx, stream_hub))
         app.include_router(session_router(ctx))
+        app.include_router(a2a_router(ctx, require_auth, waiters, stream_hub))  # hub as A2A
     if surface in (Surface.ALL, Surface.ADMIN):
         app.include_router(_admin_router(ctx))
         app.include_router(_metrics_router(ctx))
@@ -112,6 +119,8 @@ def create_app(
         app.include_router(agents_admin_router(ctx))
         app.include_router(audit_router(ctx))
         app.include_router(approval_router(ctx))
+        app.include_router(listing_router(ctx))  # the operator's lists (tasks, runs, alerts)
+        install_ui(app, ctx, stream_hub)  # the dashboard at /ui (reach.hub.ui)
     return app
 
 
@@ -154,6 +163,8 @@ def _agent_router(ctx: HubContext) -> APIRouter:
     def register(body: RegisterRequest, request: Request, principal: ActsAsAgent) -> JSONResponse:
         demand_agent(request, principal, body.agent_id, Action.ACT_AS_AGENT)
         result = ctx.write(lambda s: registry.register(s, body, ctx.clock.now(), ctx.policy))
+        # the capability vectors, computed apart (the registration never waits for a model)
+        ctx.matcher.registered(body.agent_id, bool(body.capabilities))
         return JSONResponse(result.model_dump(), status_code=201 if result.created else 200)
 
     @router.post("/heartbeat", response_model=HeartbeatResponse, responses={404: {}})
@@ -206,20 +217,28 @@ def _metrics_router(ctx: HubContext) -> APIRouter:
 def _admin_router(ctx: HubContext) -> APIRouter:
     router = APIRouter(prefix="/api/v1", tags=["admin"], dependencies=[ReadsFleet])
 
-    @router.get("/agents")
+    @router.get("/agents", responses={400: {}})
     def list_agents(
         tag: Annotated[list[str] | None, Query()] = None,
         capability: str | None = None,
         status: InstanceStatus | None = None,
+        cursor: Annotated[str | None, Query(max_length=512)] = None,
+        limit: Annotated[int, Query(ge=1, le=paging.MAX_LIMIT)] = registry.FLEET_PAGE,
     ) -> dict[str, Any]:
+        """The fleet by agent ID, one page at a time: ``next_cursor`` (None on the last
+        page) is the ``cursor`` of the next one. A page reads its own agents only."""
         flt = registry.AgentFilter(
             tag=tuple(tag or ()),
             capability=capability,
             status=status.value if status else None,
         )
+        after = paging.decode_key_cursor(registry.AGENTS, cursor) if cursor else None
         with ctx.reading() as session:
-            agents = registry.list_agents(session, flt, ctx.clock.now(), ctx.policy)
-        return {"agents": agents}
+            agents, last = registry.list_agents(
+                session, flt, ctx.clock.now(), ctx.policy, after=after, limit=limit
+            )
+        next_cursor = paging.encode_key_cursor(registry.AGENTS, last) if last else None
+        return {"agents": agents, "next_cursor": next_cursor}
 
     @router.get("/instances/{instance_id}/events", responses={404: {}})
     def instance_events(

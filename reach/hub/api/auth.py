@@ -13,6 +13,10 @@ An open hub (``require_auth`` off) gives a request without credentials the `OPEN
 principal; a credential that *is* presented is checked all the same, so a typo'd or
 revoked key fails loudly instead of silently running as anonymous admin.
 
+The dashboard (``/``, ``/ui/...``; `reach.hub.ui`) also takes its session cookie, and
+lets a request without any credential through with no principal: its pages answer a
+browser with a redirect to ``/ui/login``, not a 401 problem; ``/ui/static/`` is public.
+
 Refusals are logged to ``reach.security`` (method, path, reason and the key id, never
 the secret) and counted in ``agentreach_auth_refusals_total{reason}``.
 """
@@ -25,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from reach.core.auth import OPEN, Action, Principal, bearer_of, may_act_for, permits
@@ -33,6 +38,7 @@ from reach.hub import apikeys, audit, metrics
 from reach.hub.api.problems import PROBLEM_JSON
 from reach.hub.apikeys import Refusal
 from reach.hub.context import HubContext
+from reach.hub.ui import signin
 
 log = logging.getLogger("reach.security")
 
@@ -68,6 +74,9 @@ class AuthMiddleware:
         if scope["type"] != "http" or path in OPEN_PATHS or path.startswith(INTERNAL_CHANNEL):
             await self.app(scope, receive, send)
             return
+        if path == "/" or path == signin.COOKIE_PATH or path.startswith(signin.COOKIE_PATH + "/"):
+            await self._dashboard(scope, receive, send)
+            return
         header = _authorization(scope)
         if header is None and not self.require_auth:
             principal: Principal | Refusal = OPEN
@@ -85,6 +94,50 @@ class AuthMiddleware:
             return
         scope.setdefault("state", {})["principal"] = principal
         await self.app(scope, receive, send)
+
+    async def _dashboard(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The dashboard (``reach.hub.ui``): a bearer key is checked as anywhere; otherwise
+        the session cookie names the principal. Without either the request goes on with
+        no principal (an open hub's: `OPEN`), and the page redirects to the sign-in."""
+        if scope["path"].startswith(signin.COOKIE_PATH + "/static/"):  # htmx, css: public
+            await self.app(scope, receive, send)
+            return
+        state = scope.setdefault("state", {})
+        header = _authorization(scope)
+        if header is not None:
+            try:
+                checked = await run_in_threadpool(self._check, header)
+            except ReachError as exc:
+                await _answer(exc, scope, receive, send)
+                return
+            if isinstance(checked, Refusal):
+                _log_refusal(scope.get("method", ""), scope.get("path", ""), checked)
+                await _answer(checked.error(), scope, receive, send)
+                return
+            state["principal"] = checked
+            await self.app(scope, receive, send)
+            return
+        cookie = cookie_parser(_header(scope, b"cookie") or "").get(signin.COOKIE)
+        principal: Principal | None = None
+        if cookie:
+            try:
+                ui, principal = await run_in_threadpool(self._session, cookie)
+            except ReachError as exc:
+                await _answer(exc, scope, receive, send)
+                return
+            if ui is not None:
+                state["ui_session"] = ui
+        if principal is None and not self.require_auth:
+            principal = OPEN
+        if principal is not None:
+            state["principal"] = principal
+        await self.app(scope, receive, send)
+
+    def _session(self, cookie: str) -> tuple[signin.UiSession | None, Principal | None]:
+        now = self.ctx.clock.now()
+        with self.ctx.reading() as session:
+            ui = signin.open_session(session, cookie, now)
+            return ui, (signin.principal_of(session, ui, now) if ui is not None else None)
 
     def _check(self, header: str) -> Principal | Refusal:
         secret = bearer_of(header)
@@ -210,8 +263,12 @@ async def _answer(error: ReachError, scope: Scope, receive: Receive, send: Send)
 
 
 def _authorization(scope: Scope) -> str | None:
+    return _header(scope, b"authorization")
+
+
+def _header(scope: Scope, wanted: bytes) -> str | None:
     for name, value in scope.get("headers") or ():
-        if name == b"authorization":
+        if name == wanted:
             return str(value.decode("latin-1"))
     return None
 

@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from reach.errors import (
     PROBLEM_TYPE_PREFIX,
     DagError,
+    InvalidQuery,
     InvalidRegistration,
     InvalidTaskRequest,
     MalformedRequest,
@@ -32,9 +33,12 @@ log = logging.getLogger("reach.hub.api")
 # ``InvalidRegistration`` (``invalid-request``).
 _INVALID_BY_RESOURCE: tuple[tuple[str, type[ReachError]], ...] = (
     ("/v1/tasks", InvalidTaskRequest),
+    ("/v1/match", InvalidTaskRequest),
     ("/v1/broadcasts", InvalidTaskRequest),
     ("/api/v1/dead-letters", InvalidTaskRequest),
     ("/api/v1/dag-runs", DagError),
+    ("/api/v1/tasks", InvalidQuery),
+    ("/api/v1/alerts", InvalidQuery),
 )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import socket
 from collections.abc import Generator, Sequence
 
 import uvicorn
@@ -51,3 +52,29 @@ def serve_together(apps: Sequence[tuple[FastAPI, str, int]]) -> None:
         await asyncio.gather(*(server.serve() for server in servers))
 
     asyncio.run(main())
+
+
+def reuse_port_socket(host: str, port: int) -> socket.socket:
+    """A listening socket with ``SO_REUSEPORT``: several API processes bind the same port
+    and the kernel spreads new connections across them (Linux; the API's replicas on one
+    machine without a proxy). Accepted sockets get ``TCP_NODELAY`` from asyncio's
+    transports, as with a plain bind (uvicorn's ``--workers`` is not used: see the design
+    brief's trap), which `bench`'s replica row checks by its latency."""
+    if not hasattr(socket, "SO_REUSEPORT"):
+        raise OSError("SO_REUSEPORT is not available on this platform")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve_on(app: FastAPI, sock: socket.socket) -> None:
+    """Serve ``app`` on an already bound socket (`reuse_port_socket`)."""
+    config = uvicorn.Config(
+        app, log_level="info", access_log=False, timeout_keep_alive=KEEP_ALIVE_S
+    )
+    uvicorn.Server(config).run(sockets=[sock])

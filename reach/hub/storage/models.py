@@ -16,6 +16,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     UniqueConstraint,
@@ -69,6 +70,10 @@ class AgentCapabilityRow(Base):
         String(128), ForeignKey("agents.agent_id", ondelete="CASCADE"), primary_key=True
     )
     capability: Mapped[str] = mapped_column(String(128), primary_key=True)
+    # semantic matching (reach.hub.matching): the vectors of the capability's texts, one
+    # float32 row per text, and the digest of the model and texts they were made from
+    embedding_digest: Mapped[str | None] = mapped_column(String(64))
+    embedding: Mapped[bytes | None] = mapped_column(LargeBinary)
 
 
 # Deregistered instances stay for the audit trail; the probe claim must not walk them.
@@ -134,6 +139,11 @@ class InstanceRow(Base):
     # circuit breaker (reach.core.breaker): out of the routing pool while now < breaker_open_until
     breaker_open_until: Mapped[float | None] = mapped_column(Double, nullable=True)
     breaker_opened_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    # how the worker delivers to it: ``reach`` (the SDK's POST) or ``a2a`` (JSON-RPC), the
+    # A2A card as the hub read it, and the secret presented under the card's scheme
+    protocol: Mapped[str] = mapped_column(String(16), default="reach", server_default="reach")
+    a2a: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    a2a_credential: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class InstanceEventRow(Base):
@@ -161,15 +171,18 @@ class TaskRow(Base):
         Index("ix_tasks_session_status", "session_id", "status"),  # a closed session's reaches
         # is online work waiting? (``reach.hub.priority``, asked by background deliveries)
         Index("ix_tasks_priority_status", "priority", "status", "next_attempt_at"),
+        Index("ix_tasks_created", "created_at", "id"),  # the operator's list, newest first
+        Index("ix_tasks_remote_status", "status", "remote_task_id"),  # A2A tasks followed
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     task_id: Mapped[str] = mapped_column(String(128), unique=True)
-    agent_id: Mapped[str | None] = mapped_column(String(128), nullable=True, index=True)
+    # agent_id and status lead composite indexes above (no index of their own: 0017)
+    agent_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
     target: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     method: Mapped[str] = mapped_column(String(128))
     payload: Mapped[Any] = mapped_column(JSON)
-    status: Mapped[str] = mapped_column(String(24), index=True)
+    status: Mapped[str] = mapped_column(String(24))
     attempt_seq: Mapped[int] = mapped_column(Integer, default=0)
     instance_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     idempotency_key: Mapped[str | None] = mapped_column(String(256), nullable=True)
@@ -197,6 +210,8 @@ class TaskRow(Base):
     caller: Mapped[str | None] = mapped_column(String(160), nullable=True)
     # online | background: which delivery queue its attempts go to
     priority: Mapped[str] = mapped_column(String(16), default="online", server_default="online")
+    # the A2A task the current attempt started (followed with GetTask while it works)
+    remote_task_id: Mapped[str | None] = mapped_column(String(256), nullable=True)
 
 
 class TaskEventRow(Base):
@@ -251,6 +266,7 @@ class DeadLetterRow(Base):
 
 class DagRunRow(Base):
     __tablename__ = "dag_runs"
+    __table_args__ = (Index("ix_dag_runs_created", "created_at", "id"),)  # newest first
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     run_id: Mapped[str] = mapped_column(String(128), unique=True)

@@ -10,10 +10,14 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from reach.core.auth import Action, Principal
 from reach.core.trust import TrustLevel
-from reach.hub import admission, trust
+from reach.hub import admission, audit, trust
+from reach.hub.a2a import cards
+from reach.hub.a2a.cards import A2aRegistration
 from reach.hub.api.auth import require
 from reach.hub.context import HubContext
 from reach.hub.trust import MAX_RULE_VALUE, RuleKind
@@ -70,6 +74,42 @@ class AllowRule(BaseModel):
 
 def agents_admin_router(ctx: HubContext) -> APIRouter:
     router = APIRouter(prefix="/api/v1/agents", tags=["admin"])
+
+    @router.post("/a2a", status_code=201, responses={409: {}, 422: {}, 502: {}})
+    async def add_a2a(body: A2aRegistration, principal: Administers) -> dict[str, Any]:
+        """Register an A2A agent by its card (``/.well-known/agent-card.json`` under
+        ``card_url``): its skills become its capabilities; the hub re-reads the card every
+        ``a2a.card_refresh_s`` and reaches the agent over JSON-RPC (audited)."""
+        a2a = ctx.settings.a2a
+        fetched = await run_in_threadpool(
+            cards.fetch_card, body.card_url, a2a.card_timeout_s, allow_loopback=body.allow_loopback
+        )
+
+        def work(session: Session) -> dict[str, Any]:
+            now = ctx.clock.now()
+            view = cards.register_card(
+                session,
+                fetched,
+                agent_id=body.agent_id,
+                credential=body.credential,
+                allow_loopback=body.allow_loopback,
+                max_concurrency=body.max_concurrency,
+                now=now,
+                policy=ctx.policy,
+                refresh_s=a2a.card_refresh_s,
+            )
+            audit.record(
+                session,
+                actor=principal.identity,
+                action="register_a2a",
+                outcome=audit.ALLOWED,
+                now=now,
+                target=f"agent:{view['agent_id']}",
+                detail={"card_url": fetched.url, "skills": view["skills"]},
+            )
+            return view
+
+        return await run_in_threadpool(ctx.write, work)
 
     @router.put("/{agent_id}/trust", responses={404: {}, 422: {}})
     def set_trust(agent_id: str, body: SetTrust, principal: Administers) -> dict[str, Any]:

@@ -12,8 +12,9 @@ from starlette.concurrency import run_in_threadpool
 
 from reach.core.auth import Action, Principal, may_read_task
 from reach.core.statuses import TERMINAL
-from reach.errors import TaskConflict, UnknownTask
+from reach.errors import Backpressure, TaskConflict, UnknownTask
 from reach.hub import admission, broadcast
+from reach.hub.alerts import BackpressureLog
 from reach.hub.api import links
 from reach.hub.api.auth import not_yours, require
 from reach.hub.api.longpoll import long_poll
@@ -33,6 +34,7 @@ Reads = Annotated[Principal, Depends(require(Action.READ_TASK))]
 def broadcast_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
     router = APIRouter(prefix="/v1/broadcasts", tags=["broadcasts"])
     limits = admission.Limits.of(ctx.settings)
+    refusals = BackpressureLog()
 
     @router.post(
         "",
@@ -55,7 +57,11 @@ def broadcast_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRout
             )
             return row.broadcast_id, [t["task_id"] for t in row.targets]
 
-        broadcast_id, task_ids = ctx.write(work, conflict=TaskConflict)
+        try:
+            broadcast_id, task_ids = ctx.write(work, conflict=TaskConflict)
+        except Backpressure as full:  # the 429 rolled back: its alert row apart
+            refusals.record(ctx, full, principal.identity)
+            raise
         try:
             fan_out(ctx.publisher.app, task_ids).apply_async()
         except Exception:  # the broker is down: hand the attempts to the relay

@@ -101,6 +101,7 @@ def channel_router(ctx: HubContext, require_auth: bool) -> APIRouter:
         except ReachError as exc:
             await _close(websocket, exc.slug, str(exc))
             return
+        ctx.matcher.registered(declared.agent_id, bool(declared.capabilities))  # vectors, apart
         channels.open(link)
         metrics.CHANNEL_EVENTS_TOTAL.labels("opened").inc()
         log.info("channel open: %s/%s", link.agent_id, link.instance_id)

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
@@ -15,6 +16,7 @@ from reach.core.auth import HUB, Action, Principal, Scope, may_act_for, may_read
 from reach.core.priority import queue_for
 from reach.core.statuses import TERMINAL, TaskStatus
 from reach.errors import (
+    Backpressure,
     Forbidden,
     ReachError,
     RequestTooLarge,
@@ -23,6 +25,7 @@ from reach.errors import (
     UnknownTask,
 )
 from reach.hub import admission, callbacks, deadletters, delivery, loops, submission
+from reach.hub.alerts import BackpressureLog
 from reach.hub.api import links
 from reach.hub.api.auth import not_yours, require
 from reach.hub.api.longpoll import long_poll
@@ -45,15 +48,14 @@ Administers = Annotated[Principal, Depends(require(Action.ADMINISTER))]
 
 def task_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
     router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
-    limits = admission.Limits.of(ctx.settings)
-    loop_guard = loops.LoopGuard.of(ctx.settings.router, ctx.shared_counts)
+    intake = Intake(ctx)
 
     @router.post(
         "",
         status_code=201,
         responses={
             **links.responses(links.SUBMITTED, 200, 201),
-            **{code: {} for code in (404, 409, 413, 422, 429, 503, 508)},
+            **{code: {} for code in (404, 409, 413, 422, 429, 501, 503, 508)},
         },
     )
     async def submit(
@@ -69,41 +71,7 @@ def task_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
         handler (the trace's path ends with an agent it speaks for) sends as that agent."""
         path = body.trace.path if body.trace else []
         submitter = principal.acting_as(path[-1] if path else None)
-        if body.callback_url:  # SSRF guard, before anything is written (resolves: a thread)
-            await run_in_threadpool(callbacks.check_url, body.callback_url, ctx.settings.callbacks)
-
-        def accept() -> tuple[dict[str, Any], bool] | ReachError:
-            attempts = 0
-            guard = loop_guard.for_reach(submitter.identity, body, ctx.clock.now())
-
-            def work(session: Session) -> tuple[dict[str, Any], bool] | ReachError:
-                nonlocal attempts
-                attempts += 1  # the first try is optimistic; a duplicate id comes back here
-                now = ctx.clock.now()
-                try:
-                    return submission.submit(
-                        session,
-                        body,
-                        now,
-                        published_at=now,
-                        look_first=attempts > 1,
-                        caller=submitter.identity,
-                        l3_cap=ctx.settings.security.l3_max_payload_bytes,
-                        approval=ctx.approval_policy,
-                        limits=limits,
-                        loop_guard=guard,
-                    )
-                except (Forbidden, RequestTooLarge) as refused:
-                    return refused  # an L3 refusal: commit its audit row, then raise it
-
-            done = ctx.write(work, conflict=TaskConflict)
-            if not isinstance(done, ReachError) and done[1]:
-                guard.counted(ctx.clock.now())  # an agent-pair count, outside the transaction
-            return done
-
-        accepted = await run_in_threadpool(accept)
-        if isinstance(accepted, ReachError):
-            raise accepted
+        accepted = await intake.accept(body, submitter)
         view, created = accepted
         status = 201 if created else 200
         task_id = view["task_id"]
@@ -234,6 +202,72 @@ def task_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
     return router
 
 
+class Intake:
+    """Admission of a task, whichever door it came in by (``POST /v1/tasks``, the A2A
+    endpoints): the SSRF guard, submission with its limits and loop guard, the 429's
+    alert row. Returns the task's view and whether it was created; raises the refusal."""
+
+    def __init__(self, ctx: HubContext) -> None:
+        self.ctx = ctx
+        self.limits = admission.Limits.of(ctx.settings)
+        self.loop_guard = loops.LoopGuard.of(ctx.settings.router, ctx.shared_counts)
+        self.refusals = BackpressureLog()
+
+    async def accept(
+        self, body: SubmitRequest, submitter: Principal
+    ) -> tuple[dict[str, Any], bool]:
+        ctx = self.ctx
+        if body.callback_url:  # SSRF guard, before anything is written (resolves: a thread)
+            await run_in_threadpool(callbacks.check_url, body.callback_url, ctx.settings.callbacks)
+
+        def accept() -> tuple[dict[str, Any], bool] | ReachError:
+            attempts = 0
+            guard = self.loop_guard.for_reach(submitter.identity, body, ctx.clock.now())
+
+            def work(session: Session) -> tuple[dict[str, Any], bool] | ReachError:
+                nonlocal attempts
+                attempts += 1  # the first try is optimistic; a duplicate id comes back here
+                now = ctx.clock.now()
+                try:
+                    return submission.submit(
+                        session,
+                        body,
+                        now,
+                        published_at=now,
+                        look_first=attempts > 1,
+                        caller=submitter.identity,
+                        l3_cap=ctx.settings.security.l3_max_payload_bytes,
+                        approval=ctx.approval_policy,
+                        limits=self.limits,
+                        loop_guard=guard,
+                        matcher=ctx.matcher,
+                    )
+                except (Forbidden, RequestTooLarge) as refused:
+                    return refused  # an L3 refusal: commit its audit row, then raise it
+
+            try:
+                done = ctx.write(work, conflict=TaskConflict)
+            except Backpressure as full:  # the 429 rolled back: its alert row apart
+                self.refusals.record(ctx, full, submitter.identity)
+                raise
+            if not isinstance(done, ReachError) and done[1]:
+                guard.counted(ctx.clock.now())  # an agent-pair count, outside the transaction
+            return done
+
+        accepted = await run_in_threadpool(accept)
+        if isinstance(accepted, ReachError):
+            raise accepted
+        return accepted
+
+
+class ReplayMany(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ids: list[Annotated[int, Field(ge=1, le=DB_INT_MAX)]] = Field(
+        min_length=1, max_length=deadletters.MAX_REPLAY_MANY, description="dead-letter ids"
+    )
+
+
 def dead_letter_router(ctx: HubContext) -> APIRouter:
     router = APIRouter(prefix="/api/v1/dead-letters", tags=["admin"])
 
@@ -249,6 +283,18 @@ def dead_letter_router(ctx: HubContext) -> APIRouter:
     def show(dead_id: DeadLetterId) -> dict[str, Any]:
         with ctx.reading() as session:
             return deadletters.view(deadletters.get(session, dead_id))
+
+    @router.post("/replay", responses={422: {}})
+    def replay_many(body: ReplayMany, principal: Administers) -> dict[str, Any]:
+        """Replay several dead letters, each as ``POST /{id}/replay`` would (its own
+        transaction): 200 with each one's outcome, ``replayed`` or ``refused`` (the
+        problem type and detail: unknown, already replayed, task no longer dead)."""
+        outcomes = deadletters.replay_many(ctx, body.ids, actor=principal.identity)
+        return {
+            "results": [o.to_json() for o in outcomes],
+            "replayed": sum(o.replayed for o in outcomes),
+            "refused": sum(not o.replayed for o in outcomes),
+        }
 
     @router.post("/{dead_id}/replay", responses={404: {}, 409: {}})
     def replay(dead_id: DeadLetterId, principal: Administers) -> dict[str, Any]:

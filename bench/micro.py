@@ -1,0 +1,227 @@
+"""The hot path in one process: CPU per submit and per delivery, steady on a busy box.
+
+``python -m bench.micro`` runs, in this process and one after another, the API's submit
+transaction (`reach.hub.submission.submit` through `HubContext.write`, commit hooks
+included), the publish of its attempt to Redis, and the worker's `deliver_attempt`
+(claim, route, sign, POST to a real mock agent process, record the success), against the
+real PostgreSQL (a fresh database) and Redis. It reports the median CPU time of this
+thread per operation (``time.thread_time``: what the operation itself computes, not the
+time it waits on the database, the broker or the agent) and the CPU the database backend
+spent for it. Other processes on the machine change wall-clock figures a lot and these
+little, which is what an optimisation log needs; Celery's own receive and acknowledge
+and uvicorn's HTTP handling are not in it (``python -m bench --only cost`` has them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+from sqlalchemy import text
+
+from bench.processes import MockAgent, free_port, fresh_database, redis_db
+
+ROUNDS = 300
+
+
+def _settings(database: str, broker: str) -> Any:
+    from reach.hub.settings import load_settings
+
+    env = {
+        "REACH_DATABASE_URL": database,
+        "REACH_BROKER_URL": broker,
+        "REACH_RESULT_BACKEND": broker,
+        "REACH_HOME": tempfile.mkdtemp(prefix="reach-micro-"),
+    }
+    return load_settings(environ=env)
+
+
+@contextlib.contextmanager
+def _backend_cpu(ctx: Any) -> Iterator[Callable[[], float]]:
+    """CPU seconds the database backends of this process's pool have spent so far."""
+    procs: dict[int, psutil.Process] = {}
+
+    def spent() -> float:
+        total = 0.0
+        with ctx.engine.connect() as conn:
+            if ctx.engine.dialect.name != "postgresql":
+                return 0.0
+            pids = conn.execute(
+                text("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+            ).scalars()
+            for pid in pids:
+                with contextlib.suppress(psutil.Error):
+                    proc = procs.setdefault(int(pid), psutil.Process(int(pid)))
+                    times = proc.cpu_times()
+                    total += times.user + times.system
+        return total
+
+    yield spent
+
+
+def run(rounds: int = ROUNDS) -> dict[str, Any]:
+    from reach.core.routing import RouteFilter  # noqa: F401  (imported before timing)
+    from reach.hub import admission, submission
+    from reach.hub.agent_http import AgentTransport
+    from reach.hub.breakers import Breakers
+    from reach.hub.context import HubContext
+    from reach.hub.delivery import Publish, deliver_attempt
+    from reach.hub.monitoring import Policy
+    from reach.hub.registry import CandidateCache, register
+    from reach.hub.signing import Signer
+    from reach.hub.storage import upgrade_database
+    from reach.schemas import RegisterRequest, SubmitRequest
+
+    database = fresh_database()
+    upgrade_database(database)
+    from bench.processes import REDIS_URL, flush_redis
+
+    broker = redis_db(REDIS_URL, 10)
+    flush_redis(broker)
+    ctx = HubContext.from_settings(_settings(database, broker))
+    home = Path(tempfile.mkdtemp(prefix="reach-micro-agent-"))
+    agent = MockAgent("http://127.0.0.1:1", "echo", home, port=free_port()).start()
+    try:
+        with ctx.transaction() as s:
+            register(
+                s,
+                RegisterRequest(
+                    agent_id="echo",
+                    addr=f"127.0.0.1:{agent.port}",
+                    allow_loopback=True,
+                    capabilities=[{"type": "bench.echo"}],
+                ),
+                ctx.clock.now(),
+                Policy.from_settings(ctx.settings),
+            )
+        limits = admission.Limits.of(ctx.settings)
+        transport = AgentTransport()
+        breakers = Breakers()
+        cache = CandidateCache(ctx.settings.router.candidate_ttl)
+        signer = Signer(ctx.sessions, issuer="agent-reach", ttl_s=300)
+        rng = random.Random(7)
+        ops: dict[str, list[float]] = {
+            "submit": [], "publish": [], "deliver": [], "heartbeat": [], "register": [],
+        }  # fmt: skip
+        from reach.hub import registry, sessions
+        from reach.schemas import HeartbeatRequest
+
+        policy = Policy.from_settings(ctx.settings)
+        echo_instance = [""]
+        with ctx.reading() as s:
+            echo_instance[0] = s.execute(text("SELECT instance_id FROM instances")).scalar_one()
+
+        def beat(session: Any) -> Any:
+            now = ctx.clock.now()
+            hb = HeartbeatRequest(agent_id="echo", instance_id=echo_instance[0], in_flight=0)
+            row = registry.heartbeat(session, hb, now, policy)
+            sessions.closed_header(session, "echo", echo_instance[0], now)
+            return row.status
+
+        def enrol(n: int) -> Any:
+            req = RegisterRequest(
+                agent_id=f"idle-{n}",
+                addr=f"127.9.{n // 250 % 250}.{n % 250 + 1}:7000",
+                allow_loopback=True,
+                tags=["idle"],
+                capabilities=[{"type": "idle.work"}],
+            )
+            return ctx.write(lambda s: register(s, req, ctx.clock.now(), policy))
+
+        db: dict[str, list[float]] = {"submit": [], "deliver": []}
+        with _backend_cpu(ctx) as backend:
+            for i in range(rounds + 20):  # the first 20 warm pools and caches
+                task_id = f"micro-{i}"
+                req = SubmitRequest(
+                    agent_id="echo", method="bench.echo", payload={"i": i}, task_id=task_id
+                )
+
+                def work(session: Any, req: SubmitRequest = req) -> Any:
+                    now = ctx.clock.now()
+                    return submission.submit(
+                        session, req, now, published_at=now, look_first=False, limits=limits
+                    )
+
+                b0, t0 = backend(), time.thread_time()
+                ctx.write(work)
+                t1 = time.thread_time()
+                b1 = backend()
+                ctx.publisher.publish(Publish(task_id, 1, 0.0))
+                t2 = time.thread_time()
+                b2 = backend()
+                deliver_attempt(
+                    ctx.sessions,
+                    task_id,
+                    1,
+                    now=ctx.clock.now,
+                    policy=ctx.policy,
+                    dpolicy=ctx.delivery_policy,
+                    transport=transport,
+                    rng=rng,
+                    breakers=breakers,
+                    candidates=cache,
+                    signer=signer,
+                    shared=ctx.shared_counts,
+                )
+                t3 = time.thread_time()
+                b3 = backend()
+                ctx.write(beat)
+                t4 = time.thread_time()
+                enrol(i)
+                t5 = time.thread_time()
+                if i >= 20:
+                    ops["heartbeat"].append(t4 - t3)
+                    ops["register"].append(t5 - t4)
+                    ops["submit"].append(t1 - t0)
+                    ops["publish"].append(t2 - t1)
+                    ops["deliver"].append(t3 - t2)
+                    # the backend's own CPU, less what the read of it costs (b1 - b0 ...)
+                    db["submit"].append(b1 - b0)
+                    db["deliver"].append(b3 - b2)
+        with ctx.reading() as s:
+            statuses: dict[str, int] = dict(
+                s.execute(text("SELECT status, count(*) FROM tasks GROUP BY status")).all()
+            )
+    finally:
+        agent.stop()
+        ctx.engine.dispose()
+    return {
+        "rounds": rounds,
+        "cpu_us": {k: round(1e6 * statistics.median(v), 1) for k, v in ops.items()},
+        "cpu_us_mean": {k: round(1e6 * statistics.fmean(v), 1) for k, v in ops.items()},
+        "postgres_cpu_us_mean": {k: round(1e6 * statistics.fmean(v), 1) for k, v in db.items()},
+        "statuses": statuses,
+        "load": os.getloadavg()[0],
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.micro", description=__doc__)
+    p.add_argument("--rounds", type=int, default=ROUNDS)
+    p.add_argument("--profile", type=Path, help="write cProfile stats of the run here")
+    args = p.parse_args(argv)
+    if args.profile:
+        import cProfile
+
+        with cProfile.Profile() as prof:
+            result = run(args.rounds)
+        prof.dump_stats(args.profile)
+    else:
+        result = run(args.rounds)
+    json.dump(result, sys.stdout)
+    print()
+
+
+if __name__ == "__main__":
+    main()

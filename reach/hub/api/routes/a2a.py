@@ -1,0 +1,86 @@
+"""The hub's A2A endpoints (``reach.hub.a2a.server``): a card and a JSON-RPC endpoint for
+every agent (``/a2a/{agent_id}``) and every capability (``/a2a/capability/{type}``).
+
+Authenticated like the rest of the hub (a key that may submit tasks; the card advertises
+the hub's bearer scheme when auth is on). An unknown agent or capability is a 404
+problem; everything inside the JSON-RPC body is answered by ``a2a-sdk``'s dispatcher with
+the protocol's own errors (a wrong or missing ``A2A-Version``, an unknown method, v0.3
+method names unless ``a2a.v03_compat``, malformed params). Left out of the OpenAPI
+document: JSON-RPC is described by the A2A specification, not by it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from reach.core.auth import Action, Principal
+from reach.errors import NoSuitableAgent, UnknownAgent
+from reach.hub.a2a.server import ContextBuilder, HubRequestHandler, card_for, skills_of
+from reach.hub.api.auth import require
+from reach.hub.api.routes.tasks import Intake
+from reach.hub.context import HubContext
+from reach.hub.streams import StreamHub
+from reach.hub.wakeups import Waiters
+
+Submits = Annotated[Principal, Depends(require(Action.SUBMIT))]
+CARD = "/.well-known/agent-card.json"
+
+
+def a2a_router(
+    ctx: HubContext, require_auth: bool, waiters: Waiters, stream_hub: StreamHub
+) -> APIRouter:
+    handler = HubRequestHandler(ctx, Intake(ctx), waiters, stream_hub)
+    dispatcher = JsonRpcDispatcher(
+        handler, ContextBuilder(), enable_v0_3_compat=ctx.settings.a2a.v03_compat
+    )
+    router = APIRouter(tags=["a2a"], include_in_schema=False)
+
+    def skills(target: dict[str, Any]) -> list[dict[str, Any]]:
+        with ctx.reading() as session:
+            found = skills_of(session, target)
+        if found is None and "agent_id" in target:
+            agent_id = target["agent_id"]
+            raise UnknownAgent(f"agent {agent_id!r} is not registered", agent_id=agent_id)
+        if not found:
+            capability = target["capability"]
+            raise NoSuitableAgent(f"no agent declares capability {capability!r}")
+        return found
+
+    async def card(request: Request, target: dict[str, Any], path: str, name: str) -> Response:
+        found = await run_in_threadpool(skills, target)
+        base = str(request.base_url).rstrip("/")
+        description = f"{name}, reached through Agent-Reach (routing, retries, dead letters)"
+        return JSONResponse(card_for(name, description, base + path, found, require_auth))
+
+    async def rpc(request: Request, target: dict[str, Any]) -> Response:
+        await run_in_threadpool(skills, target)  # 404 for a target that is not there
+        request.state.reach_target = target
+        return await dispatcher.handle_requests(request)
+
+    @router.get("/a2a/capability/{capability:path}" + CARD)
+    async def capability_card(capability: str, request: Request, principal: Submits) -> Response:
+        """The A2A card of a capability: any agent that has it answers."""
+        target = {"capability": capability}
+        return await card(request, target, f"/a2a/capability/{capability}", capability)
+
+    @router.post("/a2a/capability/{capability:path}")
+    async def capability_rpc(capability: str, request: Request, principal: Submits) -> Response:
+        return await rpc(request, {"capability": capability})
+
+    @router.get("/a2a/{agent_id}" + CARD)
+    async def agent_card(agent_id: str, request: Request, principal: Submits) -> Response:
+        """The A2A card of a hub agent: its capabilities as skills."""
+        return await card(request, {"agent_id": agent_id}, f"/a2a/{agent_id}", agent_id)
+
+    @router.post("/a2a/{agent_id}")
+    async def agent_rpc(agent_id: str, request: Request, principal: Submits) -> Response:
+        """The agent's A2A JSON-RPC endpoint (SendMessage, SendStreamingMessage, GetTask,
+        CancelTask, SubscribeToTask), answered with the hub's tasks."""
+        return await rpc(request, {"agent_id": agent_id})
+
+    return router

@@ -1,0 +1,1 @@
+"""The embedding providers; each module imports its libraries only when it is loaded."""

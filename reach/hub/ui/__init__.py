@@ -1,0 +1,1 @@
+"""The web dashboard at ``/ui``: server-rendered pages (Jinja2) with vendored htmx."""

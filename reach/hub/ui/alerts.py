@@ -1,0 +1,66 @@
+"""The alerts page: ``/ui/alerts``, newest first, filtered by kind and time, paged.
+
+It reads `reach.hub.alerts.list_alerts`, the service of ``GET /api/v1/alerts``: heartbeat
+lost, business-unreachable, failing, offline / unreachable, breaker opened / closed,
+dependency loop suspected / calmed, backpressure (429 refusals). Reading needs
+``read_fleet`` (admins and viewers).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Final
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import HTMLResponse
+
+from reach.core.auth import Action
+from reach.core.paging import Page, parse_instant
+from reach.errors import InvalidQuery
+from reach.hub import alerts
+from reach.hub.context import HubContext
+from reach.hub.ui.pages import Viewer, render, require_ui
+
+ReadsFleet = Annotated[Viewer, Depends(require_ui(Action.READ_FLEET))]
+PAGE_SIZE: Final = 100
+KINDS: Final = sorted(alerts.KINDS)
+SEVERITY: Final = {
+    "breaker_closed": "alert-ok",
+    "dependency_loop_calmed": "alert-ok",
+    "heartbeat_lost": "alert-warn",
+    "business_unreachable": "alert-warn",
+    "backpressure": "alert-warn",
+}
+"""The pill class of a kind; the others (failing, offline, breaker opened ...) are bad."""
+
+
+def router(ctx: HubContext) -> APIRouter:
+    router = APIRouter(include_in_schema=False)
+
+    @router.get("/ui/alerts")
+    def alert_list(
+        request: Request,
+        viewer: ReadsFleet,
+        kind: Annotated[str, Query(max_length=64)] = "",
+        since: Annotated[str, Query(max_length=64)] = "",
+        cursor: Annotated[str, Query(max_length=1024)] = "",
+    ) -> HTMLResponse:
+        error = ""
+        page = Page([])
+        try:
+            start = parse_instant(since.strip() or None, ctx.clock.now(), name="since")
+            kinds = alerts.parse_kinds(kind or None)
+            page = alerts.list_alerts(ctx, set(kinds), start, cursor or None, PAGE_SIZE)
+        except InvalidQuery as exc:  # an unknown kind, a bad time, a forged cursor
+            error = exc.detail
+        context = {
+            "items": page.items,
+            "next_cursor": page.next_cursor,
+            "filters": {"kind": kind, "since": since},
+            "kinds": KINDS,
+            "severity": SEVERITY,
+            "error": error,
+            "now": ctx.clock.now(),
+        }
+        return render(request, viewer, "alerts.html", context, active="alerts")
+
+    return router

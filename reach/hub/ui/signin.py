@@ -1,0 +1,149 @@
+"""Dashboard sign-in: an API key in, a signed, expiring session cookie out; CSRF tokens.
+
+The cookie (``reach_ui``, HttpOnly, SameSite=Strict, Path=/ui, Secure over https) holds
+``<payload>.<mac>``: the payload names the key id, a random session id, the expiry and the
+signing key (``kid``) whose secret keyed the MAC. Nothing is stored server-side: every
+request checks the MAC, the expiry, and reads the key's row afresh, so revoking (or
+expiring) the key signs its sessions out on the very next request.
+
+The MAC key is derived from the hub's current token-signing key (``reach.hub.signing``):
+the store is the hub's trust root already, every API process reads the same one, and no
+new secret needs configuring. A rotation leaves sessions valid while the old key's row
+exists.
+
+An open hub (``require_auth`` off) gives the dashboard an anonymous session (no key id) so
+that its forms still carry a CSRF token: a page on another site cannot read it.
+
+Neither the cookie nor a CSRF token is ever logged: the sign-in is a POST (the key never
+lands in a URL), and refusals log only the key id.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import secrets
+from dataclasses import dataclass
+
+from sqlalchemy.orm import Session
+
+from reach.core import auth
+from reach.core.auth import Principal, Scope
+from reach.hub import signing
+from reach.hub.storage.models import ApiKeyRow, SigningKeyRow
+
+COOKIE = "reach_ui"
+COOKIE_PATH = "/ui"
+SESSION_TTL_S = 8 * 3600.0
+CSRF_FIELD = "csrf_token"
+CSRF_HEADER = "x-csrf-token"
+SIGN_IN_SCOPES = frozenset({Scope.ADMIN, Scope.VIEWER, Scope.APPROVER})
+_MAC_LABEL = b"agent-reach dashboard session v1"
+_MAX_COOKIE = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class UiSession:
+    """A verified session: whose (``key_id``; None on an open hub) and until when."""
+
+    key_id: str | None
+    sid: str
+    expires_at: float
+    kid: str
+    mac_key: bytes
+
+    def csrf_token(self) -> str:
+        """The token every POST form of this session carries (bound to the session id)."""
+        return hmac.new(self.mac_key, b"csrf:" + self.sid.encode(), hashlib.sha256).hexdigest()
+
+    def csrf_ok(self, presented: str | None) -> bool:
+        """Timing-safe: whether ``presented`` is this session's CSRF token."""
+        if not presented:
+            return False
+        return hmac.compare_digest(self.csrf_token().encode(), presented.encode())
+
+
+@dataclass(frozen=True, slots=True)
+class MacKey:
+    """The key sessions are signed with: derived from the signing key ``kid``."""
+
+    kid: str
+    secret: bytes
+
+
+def mac_key(db: Session, now: float, *, create: bool = False) -> MacKey | None:
+    """The current session-signing key; None when the hub has no signing key yet, unless
+    ``create`` (then the first one is made: a write transaction)."""
+    row = signing.current_key(db, now) if create else signing.signing_key(db, now)
+    return MacKey(row.kid, _mac(row)) if row is not None else None
+
+
+def new_session(key: MacKey, key_id: str | None, now: float) -> tuple[UiSession, str]:
+    """A fresh session for ``key_id`` (None: anonymous) and its cookie value."""
+    ui = UiSession(key_id, secrets.token_urlsafe(16), now + SESSION_TTL_S, key.kid, key.secret)
+    body = json.dumps(
+        {"k": key_id, "s": ui.sid, "e": ui.expires_at, "v": key.kid}, separators=(",", ":")
+    ).encode()
+    payload = _b64(body)
+    return ui, f"{payload}.{_b64(_sign(ui.mac_key, payload))}"
+
+
+def open_session(db: Session, cookie: str, now: float) -> UiSession | None:
+    """The session a cookie value stands for, or None when it is malformed, forged or
+    expired (the key's own state is `principal_of`'s business)."""
+    if not cookie or len(cookie) > _MAX_COOKIE or cookie.count(".") != 1:
+        return None
+    payload, mac = cookie.split(".")
+    try:
+        fields = json.loads(_unb64(payload))
+        key_id, sid, expires_at, kid = fields["k"], fields["s"], fields["e"], fields["v"]
+        presented = _unb64(mac)
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(kid, str) or not isinstance(sid, str):
+        return None
+    if key_id is not None and not isinstance(key_id, str):
+        return None
+    if not isinstance(expires_at, int | float):
+        return None
+    row = db.get(SigningKeyRow, kid)
+    if row is None:
+        return None
+    mac_key = _mac(row)
+    if not hmac.compare_digest(_sign(mac_key, payload), presented):
+        return None
+    if expires_at <= now:
+        return None
+    return UiSession(key_id, sid, float(expires_at), kid, mac_key)
+
+
+def principal_of(db: Session, ui: UiSession, now: float) -> Principal | None:
+    """The principal of a signed-in session, read afresh: None once the key is revoked,
+    expired, deleted, or of a scope that may not sign in."""
+    if ui.key_id is None:
+        return None
+    row = db.get(ApiKeyRow, ui.key_id)
+    if row is None or auth.key_refusal(row.expires_at, row.revoked_at, now) is not None:
+        return None
+    scope = Scope(row.scope)
+    if scope not in SIGN_IN_SCOPES:
+        return None
+    return Principal(scope=scope, key_id=row.key_id, agent_pattern=row.agent_pattern, name=row.name)
+
+
+def _mac(row: SigningKeyRow) -> bytes:
+    return hmac.new(row.private_pem.encode(), _MAC_LABEL, hashlib.sha256).digest()
+
+
+def _sign(mac_key: bytes, payload: str) -> bytes:
+    return hmac.new(mac_key, payload.encode(), hashlib.sha256).digest()
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))

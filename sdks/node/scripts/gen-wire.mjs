@@ -1,0 +1,192 @@
+#!/usr/bin/env node
+// The wire contract of the Node SDK, taken from the hub's OpenAPI document.
+//
+//   node scripts/gen-wire.mjs SOURCE           write wire-contract.json and src/wire.ts
+//   node scripts/gen-wire.mjs SOURCE --check   exit 1 (with the differences) when they drift
+//
+// SOURCE is a file holding the document or a hub's URL (`http://127.0.0.1:8800`,
+// `/openapi.json` is added). The contract is a summary of what the SDK relies on: the
+// operations it calls (method, path, query parameters, request body schema) and, for
+// each schema those bodies use, its fields with their TypeScript types and which are
+// required (enums as literal unions). `tests/integration/test_node_wire.py` builds the
+// same summary from the app's `app.openapi()` in Python, so CI catches a drift even
+// where node is not installed; `test/wire.test.mjs` does it against a live hub.
+
+import { readFile, writeFile } from "node:fs/promises";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+
+export const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");
+export const CONTRACT_FILE = join(ROOT, "wire-contract.json");
+export const WIRE_FILE = join(ROOT, "src", "wire.ts");
+
+/** The operations the SDK calls; their request bodies' schemas (and what those refer to). */
+export const OPERATIONS = [
+  "POST /v1/tasks",
+  "GET /v1/tasks/{task_id}",
+  "POST /v1/tasks/{task_id}/result",
+  "POST /v1/tasks/{task_id}/progress",
+  "GET /v1/tasks/{task_id}/stream",
+  "POST /v1/broadcasts",
+  "GET /v1/broadcasts/{broadcast_id}",
+  "GET /v1/broadcasts/{broadcast_id}/stream",
+  "POST /v1/agents/register",
+  "POST /v1/agents/heartbeat",
+  "POST /v1/agents/deregister",
+  "POST /v1/sessions/{session_id}/open",
+  "POST /v1/sessions/{session_id}/close",
+  "GET /v1/sessions/{session_id}",
+];
+
+/** Schemas kept although no request body names them (answers the SDK reads). */
+export const EXTRA_SCHEMAS = ["RegisterResponse", "HeartbeatResponse", "InstanceStatus", "TrustLevel"];
+
+const refName = (ref) => ref.split("/").pop();
+
+/** Members joined with " | ", each once, in their first order. */
+const union = (members) => [...new Set(members)].join(" | ");
+
+/** The TypeScript type of a JSON schema (the same rules as the Python test's `ts_type`). */
+export function tsType(schema) {
+  if (!schema || typeof schema !== "object") return "unknown";
+  if (schema.$ref) return refName(schema.$ref);
+  if (Array.isArray(schema.enum)) return union(schema.enum.map((v) => JSON.stringify(v)));
+  if (Array.isArray(schema.anyOf)) return union(schema.anyOf.map(tsType));
+  switch (schema.type) {
+    case "string":
+      return "string";
+    case "integer":
+    case "number":
+      return "number";
+    case "boolean":
+      return "boolean";
+    case "null":
+      return "null";
+    case "array":
+      return `Array<${tsType(schema.items)}>`;
+    case "object": {
+      const ap = schema.additionalProperties;
+      return `Record<string, ${ap && typeof ap === "object" ? tsType(ap) : "unknown"}>`;
+    }
+    default:
+      return "unknown";
+  }
+}
+
+function refsOf(schema, out) {
+  if (Array.isArray(schema)) for (const s of schema) refsOf(s, out);
+  else if (schema && typeof schema === "object") {
+    for (const [k, v] of Object.entries(schema)) {
+      if (k === "$ref" && typeof v === "string") out.add(refName(v));
+      else refsOf(v, out);
+    }
+  }
+}
+
+/** The contract (see the header) of an OpenAPI document. */
+export function summarize(doc) {
+  const schemas = doc.components?.schemas ?? {};
+  const operations = {};
+  const wanted = new Set(EXTRA_SCHEMAS);
+  for (const op of OPERATIONS) {
+    const [method, path] = op.split(" ");
+    const spec = doc.paths?.[path]?.[method.toLowerCase()];
+    if (!spec) {
+      operations[op] = null;
+      continue;
+    }
+    const query = (spec.parameters ?? []).filter((p) => p.in === "query").map((p) => p.name).sort();
+    const bodySchema = spec.requestBody?.content?.["application/json"]?.schema;
+    const body = bodySchema ? tsType(bodySchema) : null;
+    if (bodySchema) refsOf(bodySchema, wanted);
+    operations[op] = { query, body };
+  }
+  // every schema the wanted ones refer to, transitively
+  const queue = [...wanted];
+  while (queue.length) {
+    const name = queue.pop();
+    const found = new Set();
+    refsOf(schemas[name], found);
+    for (const n of found) if (!wanted.has(n)) wanted.add(n), queue.push(n);
+  }
+  const types = {};
+  for (const name of [...wanted].sort()) {
+    const s = schemas[name];
+    if (!s) types[name] = null;
+    else if (Array.isArray(s.enum)) types[name] = { enum: s.enum };
+    else {
+      const properties = {};
+      for (const [field, fs] of Object.entries(s.properties ?? {})) properties[field] = tsType(fs);
+      types[name] = { properties, required: [...(s.required ?? [])].sort() };
+    }
+  }
+  return { operations, schemas: types };
+}
+
+/** The text of `src/wire.ts` for a contract. */
+export function renderWire(contract) {
+  const lines = [
+    "// Generated by scripts/gen-wire.mjs from the hub's OpenAPI document: do not edit.",
+    "// Regenerate: node scripts/gen-wire.mjs http://127.0.0.1:8800 (a running hub) or a file.",
+    "// test/wire.test.mjs and tests/integration/test_node_wire.py fail when this drifts.",
+    "",
+  ];
+  for (const [name, s] of Object.entries(contract.schemas)) {
+    if (s === null) continue;
+    if (s.enum) {
+      lines.push(`export type ${name} = ${s.enum.map((v) => JSON.stringify(v)).join(" | ")};`, "");
+      continue;
+    }
+    lines.push(`export interface ${name} {`);
+    for (const [field, type] of Object.entries(s.properties)) {
+      const optional = s.required.includes(field) ? "" : "?";
+      lines.push(`  ${field}${optional}: ${type};`);
+    }
+    lines.push("}", "");
+  }
+  lines.push("/** The operations the SDK calls: query parameters and request body schema. */");
+  lines.push("export const OPERATIONS = {");
+  for (const [op, spec] of Object.entries(contract.operations)) lines.push(`  ${JSON.stringify(op)}: ${JSON.stringify(spec)},`);
+  lines.push("} as const;", "");
+  return lines.join("\n");
+}
+
+export async function loadDocument(source) {
+  if (/^https?:\/\//.test(source)) {
+    const url = source.endsWith(".json") ? source : source.replace(/\/+$/, "") + "/openapi.json";
+    const resp = await fetch(url);
+    if (!resp.ok) throw new Error(`${url} answered ${resp.status}`);
+    return resp.json();
+  }
+  return JSON.parse(await readFile(source, "utf8"));
+}
+
+export const contractText = (contract) => JSON.stringify(contract, null, 2) + "\n";
+
+async function main(argv) {
+  const source = argv.find((a) => !a.startsWith("--"));
+  if (!source) {
+    console.error("usage: node scripts/gen-wire.mjs OPENAPI_FILE_OR_HUB_URL [--check]");
+    return 2;
+  }
+  const contract = summarize(await loadDocument(source));
+  const want = { [CONTRACT_FILE]: contractText(contract), [WIRE_FILE]: renderWire(contract) };
+  if (argv.includes("--check")) {
+    let drift = 0;
+    for (const [file, text] of Object.entries(want)) {
+      const have = await readFile(file, "utf8").catch(() => "");
+      if (have !== text) {
+        drift += 1;
+        console.error(`${file} is out of date with ${source}: run node scripts/gen-wire.mjs ${source}`);
+      }
+    }
+    return drift ? 1 : 0;
+  }
+  for (const [file, text] of Object.entries(want)) await writeFile(file, text);
+  console.log(`wrote ${CONTRACT_FILE} and ${WIRE_FILE}`);
+  return 0;
+}
+
+if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) {
+  process.exitCode = await main(process.argv.slice(2));
+}

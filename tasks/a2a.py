@@ -1,0 +1,54 @@
+"""A2A sweeps (``reach.hub.a2a``): re-read every A2A agent's card (its heartbeat), and
+follow the A2A tasks still working with ``GetTask``. Thin shells over the hub."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+
+from reach.hub.a2a import cards, exchange
+from reach.worker.process_random import process_random
+from reach.worker.sweeps import skip_when_unavailable
+
+log = logging.getLogger("reach.tasks.a2a")
+_rng = process_random()  # reseeded in each prefork child
+
+
+@shared_task(name="reach.a2a_cards", ignore_result=True)
+@skip_when_unavailable
+def a2a_cards() -> dict[str, int]:
+    from reach.worker.app import runtime
+
+    ctx = runtime()
+    a2a = ctx.settings.a2a
+    with ctx.transaction() as session:
+        due = cards.due_refreshes(session)
+    read = sum(
+        cards.refresh_one(
+            ctx.sessions, item, ctx.clock.now, ctx.policy, a2a.card_refresh_s, a2a.card_timeout_s
+        )
+        for item in due
+    )
+    return {"read": read, "failed": len(due) - read}
+
+
+@shared_task(name="reach.a2a_follow", ignore_result=True)
+@skip_when_unavailable
+def a2a_follow() -> dict[str, int]:
+    from reach.worker.app import runtime
+    from tasks.delivery import transport
+
+    ctx = runtime()
+    a2a = ctx.settings.a2a
+    retries = exchange.follow(
+        ctx.sessions,
+        transport(),
+        now=ctx.clock.now,
+        dpolicy=ctx.delivery_policy,
+        rng=_rng,
+        poll_timeout=a2a.card_timeout_s,
+        poll_failures=a2a.poll_failures,
+    )
+    published = ctx.publish_attempts(retries) if retries else 0
+    return {"retried": len(retries), "published": published}
