@@ -59,10 +59,10 @@ def test_early_completion_with_min_results(stack: Stack, fleet: dict[str, AgentP
     )
     elapsed = time.monotonic() - started
     assert result.complete and result.succeeded >= 3
-    assert elapsed < 3.0, f"waited {elapsed:.1f}s for the slow targets"
     assert len(result.results) == 5  # never a blind broadcast: exactly the matching instances
     slow = [r for r in result.results if r["agent_id"] in ("bc-4", "bc-5")]
-    assert all(r["status"] != "success" for r in slow)
+    # it answered before the slow targets did (each takes 4 s), however loaded the machine
+    assert all(r["status"] != "success" for r in slow), (slow, f"{elapsed:.1f}s")
     # the stragglers' late results are still recorded
     for r in slow:
         wait_until(
@@ -80,12 +80,16 @@ def test_a_target_that_is_down_shows_in_the_aggregate(
     stack: Stack, fleet: dict[str, AgentProcess]
 ) -> None:
     fleet["bc-1"].kill()  # down, and the hub has not noticed yet
-    result = reach.broadcast(capability="work.do", method="work.do", timeout=20, hub=stack.url)
+    # 60 s: each target's task shares the broadcast's deadline, and on a loaded box a task
+    # still queued behind other modules' work at a 20 s deadline ends "timeout", not success
+    result = reach.broadcast(capability="work.do", method="work.do", timeout=60, hub=stack.url)
     assert result.complete
     by_agent = {r["agent_id"]: r for r in result.results}
     assert by_agent["bc-1"]["status"] == "dead"
-    assert by_agent["bc-1"]["error"]["kind"] == "unreachable"
-    assert result.succeeded == 4
+    # refused connections, or (had its probes noticed first) no instance left to route to
+    assert by_agent["bc-1"]["error"]["kind"] in ("unreachable", "no_route"), by_agent["bc-1"]
+    outcomes = [(r["agent_id"], r["status"], r["error"]) for r in result.results]
+    assert result.succeeded == 4, outcomes
     assert "all targets finished" in result.reason
 
 
