@@ -83,13 +83,18 @@ class DemoHub:
         return dict(r.json())
 
     def wait_status(self, task_id: str, *statuses: str, timeout: float = 30) -> dict[str, Any]:
-        return dict(
-            wait_until(
-                lambda: (t := self.task(task_id))["status"] in statuses and t,
-                timeout,
-                what=f"task {task_id} {'/'.join(statuses)}",
-            )
-        )
+        """The task once its status is one of ``statuses``; past ``timeout``, an
+        AssertionError that carries the task and its event trail (what it was doing)."""
+        deadline = time.monotonic() + timeout
+        while (task := self.task(task_id))["status"] not in statuses:
+            if time.monotonic() > deadline:
+                events = self.api("GET", f"/v1/tasks/{task_id}/events").text
+                raise AssertionError(
+                    f"task {task_id} not {'/'.join(statuses)} after {timeout}s: "
+                    f"{task}\nevents: {events}"
+                )
+            time.sleep(0.1)
+        return task
 
     def dead_letter_of(self, task_id: str) -> dict[str, Any] | None:
         r = self.api("GET", "/api/v1/dead-letters?limit=500")
