@@ -47,12 +47,19 @@ _LOCK_KEY = 0x7265616368_6B6579  # pg_advisory_xact_lock id of key creation and 
 
 
 def current_key(session: Session, now: float) -> SigningKeyRow:
-    """The key that signs at ``now``; the first one is created here if there is none."""
+    """The key that signs at ``now``; the first one is created here if there is none.
+
+    A first key another process created while we waited for the lock may sign only from
+    a moment after our ``now`` (its clock was read later, or runs ahead): that key is the
+    one, not a reason for a second. Two first keys would each sign some tokens, and an
+    agent that fetched the keys between the two refuses the other's tokens until it may
+    fetch again."""
     row = _signing(session, now)
     if row is not None:
         return row
     _lock(session)
-    row = _signing(session, now)  # another worker may have created it while we waited
+    # another worker may have created it while we waited
+    row = _signing(session, now) or _first_published(session, now)
     if row is None:
         row = _new_key(now, not_before=now)
         session.add(row)
@@ -219,6 +226,16 @@ def _signing(session: Session, now: float) -> SigningKeyRow | None:
         select(SigningKeyRow)
         .where(SigningKeyRow.not_before <= now, _not_retired(now))
         .order_by(SigningKeyRow.not_before.desc(), SigningKeyRow.kid.desc())
+        .limit(1)
+    )
+
+
+def _first_published(session: Session, now: float) -> SigningKeyRow | None:
+    """The published key that signs first (when none signs at ``now`` yet)."""
+    return session.scalar(
+        select(SigningKeyRow)
+        .where(_not_retired(now))
+        .order_by(SigningKeyRow.not_before, SigningKeyRow.kid)
         .limit(1)
     )
 

@@ -59,6 +59,57 @@ def test_workers_racing_for_the_first_key_end_with_one(store_url: str) -> None:
             e.dispose()
 
 
+def test_a_first_key_created_a_moment_later_is_the_one(engine: Engine) -> None:
+    """A worker read its clock (``NOW``) before another process, whose clock read a moment
+    later, created the first key: the later key is the first key, not a reason for a
+    second (two first keys: an agent that fetched between them refuses the other's
+    tokens with 503 until it may fetch again)."""
+    sessions = session_factory(engine)
+    with sessions.begin() as session:
+        first = signing.current_key(session, NOW + 0.25).kid
+    with sessions.begin() as session:
+        assert signing.current_key(session, NOW).kid == first
+    with sessions.begin() as session:
+        assert session.scalar(select(func.count()).select_from(SigningKeyRow)) == 1
+    assert set(_jwks(engine, NOW)) == {first}
+
+
+def test_workers_whose_clocks_differ_end_with_one_first_key(store_url: str) -> None:
+    """Eight racers for the first key, each with its own ``now`` (the latest first)."""
+    engines = [create_engine_for(store_url) for _ in range(8)]
+    kids: list[str] = []
+    errors: list[BaseException] = []
+    turn = threading.Condition()
+    order = [0]
+
+    def first_use(i: int, engine: Engine) -> None:
+        try:
+            with turn:  # in order: racer i's transaction starts after racer i-1's commit
+                turn.wait_for(lambda: order[0] == i, 10)
+            with session_factory(engine).begin() as session:
+                kids.append(signing.current_key(session, NOW - i * 0.01).kid)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            with turn:
+                order[0] += 1
+                turn.notify_all()
+
+    threads = [threading.Thread(target=first_use, args=(i, e)) for i, e in enumerate(engines)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    try:
+        assert errors == []
+        assert len(kids) == 8 and len(set(kids)) == 1
+        with session_factory(engines[0]).begin() as session:
+            assert session.scalar(select(func.count()).select_from(SigningKeyRow)) == 1
+    finally:
+        for e in engines:
+            e.dispose()
+
+
 def test_the_jwk_is_the_public_half_named_by_its_thumbprint(engine: Engine) -> None:
     with session_factory(engine).begin() as session:
         row = signing.current_key(session, NOW)
