@@ -257,8 +257,9 @@ class Waiters:
 
         while not self._stop.is_set():
             try:
-                client = redis.Redis.from_url(str(bus.url), socket_connect_timeout=2)
-                pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+                # Any: redis-py types PubSub differently from one release to the next
+                client: Any = redis.Redis.from_url(str(bus.url), socket_connect_timeout=2)
+                pubsub = client.pubsub(ignore_subscribe_messages=True)
                 pubsub.subscribe(bus.channel)
                 self.live = True
                 changes = False  # subscribed to the change channel

@@ -108,8 +108,8 @@ def _published_changes(url: str, act: Any, settle: float = 0.3) -> list[bytes]:
     a pattern subscriber, which unlike a plain one does not count as a listener (NUMSUB)."""
     import redis
 
-    client = redis.Redis.from_url(url)
-    pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+    client: Any = redis.Redis.from_url(url)
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
     pubsub.psubscribe("reach:*")
     try:
         act()
