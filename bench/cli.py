@@ -12,6 +12,7 @@ import signal
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -130,6 +131,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "details": {},
     }
     log = _progress(t0)
+    guard = _guard(result, log)
     try:
         if parts - {
             "tokens",
@@ -139,28 +141,37 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "table_scale",
             *flow.FLOW,
         }:  # the main hub (others: their own)
-            _on_main_hub(hub, home, plan, parts, result, args, log)
+            _on_main_hub(hub, home, plan, parts, result, args, log, guard)
         if "baselines" in parts:  # with the hub stopped: the machine is theirs alone
-            result["baselines"] = _baselines(plan, home, args.worker_pool, concurrency, log)
+            with guard("baselines"):
+                result["baselines"] = _baselines(plan, home, args.worker_pool, concurrency, log)
         if "max_throughput" in parts and plan.settings:  # the hub at its other settings
-            result["details"]["hub_settings"] = _hub_settings(plan, home, log)
+            with guard("hub_settings"):
+                result["details"]["hub_settings"] = _hub_settings(plan, home, log)
         wanted = [n for n in flow.FLOW if n in parts]  # after the main hub stopped
         if wanted:
-            result["flow"] = _flow(wanted, plan, home, concurrency, args.worker_pool, log)
+            with guard("flow"):
+                result["flow"] = _flow(wanted, plan, home, concurrency, args.worker_pool, log)
         if "tokens" in parts:  # after the main hub stopped: the machine is its own
-            result["tokens"] = _tokens(plan, home, concurrency, args.worker_pool, log)
+            with guard("tokens"):
+                result["tokens"] = _tokens(plan, home, concurrency, args.worker_pool, log)
         if "semantic" in parts:  # a hub of its own, with the model in its API
-            result["semantic"] = bench_semantic.measure(
-                plan, home, concurrency, args.worker_pool, log
-            )
+            with guard("semantic"):
+                result["semantic"] = bench_semantic.measure(
+                    plan, home, concurrency, args.worker_pool, log
+                )
         if "scale_out" in parts:
-            result["scale_out"] = _scale_out(plan, home, concurrency, args.worker_pool, log)
+            with guard("scale_out"):
+                result["scale_out"] = _scale_out(plan, home, concurrency, args.worker_pool, log)
         if "fleet" in parts:
-            result["fleet"] = fleet.fleet(plan, home, log, rate=args.fleet_rate)
+            with guard("fleet"):
+                result["fleet"] = fleet.fleet(plan, home, log, rate=args.fleet_rate)
         if "table_scale" in parts:
-            result["table_scale"] = fleet.table_scale(plan, home, log)
+            with guard("table_scale"):
+                result["table_scale"] = fleet.table_scale(plan, home, log)
         if "soak" in parts:
-            result["soak"] = soak.soak(plan, home, concurrency, args.worker_pool, log)
+            with guard("soak"):
+                result["soak"] = soak.soak(plan, home, concurrency, args.worker_pool, log)
     finally:
         if not args.keep_logs:
             shutil.rmtree(home, ignore_errors=True)
@@ -180,6 +191,7 @@ def _on_main_hub(
     result: dict[str, Any],
     args: argparse.Namespace,
     log: Any,
+    guard: Callable[[str], contextlib.AbstractContextManager[None]],
 ) -> None:
     """The scenarios of the main table, each run ``plan.repeats`` times on one hub: the
     table has each one's median and spread (``bench.stats.median_row``)."""
@@ -190,43 +202,51 @@ def _on_main_hub(
     try:
         hub.start()
         if "single_hop" in parts:
-            out["single_hop"] = _repeat(
-                n, lambda: (scenarios.hub_single(bench, plan.single_rate, plan.duration), None)
-            )[0]
-            log("single_hop", out["single_hop"])
+            with guard("single_hop"):
+                out["single_hop"] = _repeat(
+                    n, lambda: (scenarios.hub_single(bench, plan.single_rate, plan.duration), None)
+                )[0]
+                log("single_hop", out["single_hop"])
         if "channel_single_hop" in parts:  # paired with HTTP, to an agent behind NAT
-            row, pairs = bench_channel.compare(bench, plan, log)
-            out["channel_single_hop"] = row.as_dict()
-            details["channel"] = pairs
+            with guard("channel_single_hop"):
+                row, pairs = bench_channel.compare(bench, plan, log)
+                out["channel_single_hop"] = row.as_dict()
+                details["channel"] = pairs
         if "cost" in parts:  # CPU per message per process: steady on a busy box
-            result["cost"] = cost.per_message(
-                bench, args.cost_rate or plan.cost_rate, plan.cost_duration, args.profile
-            )
-            log("cost", result["cost"])
+            with guard("cost"):
+                result["cost"] = cost.per_message(
+                    bench, args.cost_rate or plan.cost_rate, plan.cost_duration, args.profile
+                )
+                log("cost", result["cost"])
         if "max_throughput" in parts:
-            best, runs = _ladder(
-                plan, lambda r, d: scenarios.hub_single(bench, r, d, name="max"), plan.repeats
-            )
-            result["max_throughput"] = best["median"]
-            details["max_throughput_spread"] = best["spread"]
-            details["max_throughput_runs"] = runs
-            details["max_throughput_steps"] = runs[best["median_run"]]["steps"]
-            log("max_throughput", {"rate": best["median"], "spread": best["spread"]})
+            with guard("max_throughput"):
+                best, runs = _ladder(
+                    plan, lambda r, d: scenarios.hub_single(bench, r, d, name="max"), plan.repeats
+                )
+                result["max_throughput"] = best["median"]
+                details["max_throughput_spread"] = best["spread"]
+                details["max_throughput_runs"] = runs
+                details["max_throughput_steps"] = runs[best["median_run"]]["steps"]
+                log("max_throughput", {"rate": best["median"], "spread": best["spread"]})
         if "two_hop" in parts:
-            out["two_hop"] = _repeat(n, lambda: (scenarios.two_hop(bench), None))[0]
-            log("two_hop", out["two_hop"])
+            with guard("two_hop"):
+                out["two_hop"] = _repeat(n, lambda: (scenarios.two_hop(bench), None))[0]
+                log("two_hop", out["two_hop"])
         if "broadcast5" in parts:
-            out["broadcast5"] = _repeat(n, lambda: (scenarios.broadcast5(bench), None))[0]
-            log("broadcast5", out["broadcast5"])
+            with guard("broadcast5"):
+                out["broadcast5"] = _repeat(n, lambda: (scenarios.broadcast5(bench), None))[0]
+                log("broadcast5", out["broadcast5"])
         if "inflight2000" in parts:
-            mt = result["max_throughput"] or 0.0
-            inflight, detail = _repeat(n, lambda: scenarios.inflight(bench, mt), "wall_s")
-            out["inflight2000"], details["inflight2000"] = inflight, detail
-            log("inflight2000", {**inflight, **(detail or {})})
+            with guard("inflight2000"):
+                mt = result["max_throughput"] or 0.0
+                inflight, detail = _repeat(n, lambda: scenarios.inflight(bench, mt), "wall_s")
+                out["inflight2000"], details["inflight2000"] = inflight, detail
+                log("inflight2000", {**inflight, **(detail or {})})
         if "fault" in parts:
-            faults, detail = _repeat(n, lambda: scenarios.fault(bench), "peak_to_normal")
-            out["fault"], details["fault"] = faults, detail
-            log("fault", {**faults, "outcomes": (detail or {}).get("outcomes")})
+            with guard("fault"):
+                faults, detail = _repeat(n, lambda: scenarios.fault(bench), "peak_to_normal")
+                out["fault"], details["fault"] = faults, detail
+                log("fault", {**faults, "outcomes": (detail or {}).get("outcomes")})
     finally:
         bench.stop_agents()  # a failed run must not leave agent processes behind
         hub.stop()
@@ -718,6 +738,24 @@ def flow_targets(f: dict[str, Any]) -> list[Target]:
     return out
 
 
+def _guard(
+    result: dict[str, Any], log: Any
+) -> Callable[[str], contextlib.AbstractContextManager[None]]:
+    """A part that raises is recorded under ``meta.failed`` and the run goes on: a
+    two-hour run is not lost to one part, and `bench.readme` refuses a run with a gap."""
+
+    @contextlib.contextmanager
+    def guard(name: str) -> Iterator[None]:
+        try:
+            yield
+        except Exception as exc:  # any part's failure, recorded and shown
+            traceback.print_exc(file=sys.stderr)
+            result["meta"].setdefault("failed", {})[name] = f"{type(exc).__name__}: {exc}"[:500]
+            log(f"{name} FAILED", {"error": result["meta"]["failed"][name]})
+
+    return guard
+
+
 def _progress(t0: float) -> Any:
     def log(name: str, row: dict[str, Any]) -> None:
         keep = {
@@ -731,7 +769,7 @@ def _progress(t0: float) -> Any:
                 *("accepted_not_completed", "refused_backpressure", "rss_growth_mb"),
                 *("http_p50_ms", "channel_p50_ms", "http_saturated", "channel_saturated"),
                 *("http_cpu_ms_per_msg", "channel_cpu_ms_per_msg", "sustained"),
-                *("cpu_ms_per_msg", "hub_cpu_ms_per_msg", "total_cpu_ms_per_msg"),
+                *("cpu_ms_per_msg", "hub_cpu_ms_per_msg", "total_cpu_ms_per_msg", "error"),
             )
         }
         print(f"[{time.monotonic() - t0:6.1f}s] {name}: {keep}", file=sys.stderr, flush=True)

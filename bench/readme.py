@@ -46,6 +46,11 @@ def update(results: Path = RESULTS, readme: Path = README) -> None:
             f"bench/results/latest.json is from `{meta['command']}`: the README takes a full "
             "run of every part (python -m bench --readme)"
         )
+    if meta.get("failed"):
+        raise SystemExit(
+            f"bench/results/latest.json is a full run in which parts failed "
+            f"({', '.join(sorted(meta['failed']))}): the README takes a complete run"
+        )
     readme.write_text(with_table(readme.read_text(), (results / "latest.md").read_text()))
 
 

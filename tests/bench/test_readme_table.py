@@ -42,3 +42,14 @@ def test_only_a_full_run_of_every_part_goes_into_the_readme(tmp_path: Path) -> N
     with pytest.raises(SystemExit):
         readme.update(tmp_path, target)
     assert "old" in target.read_text()
+
+
+def test_a_full_run_in_which_a_part_failed_stays_out_of_the_readme(tmp_path: Path) -> None:
+    (tmp_path / "latest.md").write_text("| gap |\n")
+    meta = {"command": "python -m bench", "level": "full", "failed": {"soak": "OSError: x"}}
+    (tmp_path / "latest.json").write_text(json.dumps({"meta": meta}))
+    target = tmp_path / "README.md"
+    target.write_text(f"{readme.START}\nold\n{readme.END}\n")
+    with pytest.raises(SystemExit, match="soak"):
+        readme.update(tmp_path, target)
+    assert "old" in target.read_text()
