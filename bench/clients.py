@@ -9,9 +9,12 @@ that returns when the result is visible. ``direct_call`` posts straight to the a
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import requests
+
+from reach.core.statuses import TERMINAL
 
 _local = threading.local()
 
@@ -28,11 +31,27 @@ class CallFailed(Exception):
     """The call ended without a successful result (its message says how)."""
 
 
+MAX_WAIT_S = 60.0  # the API's longest long-poll (`wait`); a longer wait polls again
+
+
 def hub_call(hub: str, body: dict[str, Any], wait: float = 30.0) -> dict[str, Any]:
-    answer = session().post(f"{hub}/v1/tasks", params={"wait": wait}, json=body, timeout=wait + 10)
+    """Submit and wait up to ``wait`` seconds for the result: one ``POST ?wait=``, and
+    ``GET ?wait=`` again while the task is not terminal and time is left."""
+    deadline = time.monotonic() + wait
+    first = min(wait, MAX_WAIT_S)
+    answer = session().post(
+        f"{hub}/v1/tasks", params={"wait": first}, json=body, timeout=first + 10
+    )
     view: dict[str, Any] = answer.json()
     if answer.status_code >= 400:
         raise CallFailed(f"HTTP {answer.status_code} {view.get('type', '')}")
+    while view.get("status") not in TERMINAL and (left := deadline - time.monotonic()) > 0:
+        more = min(left, MAX_WAIT_S)
+        view = (
+            session()
+            .get(f"{hub}/v1/tasks/{view['task_id']}", params={"wait": more}, timeout=more + 10)
+            .json()
+        )
     if view.get("status") != "success":
         raise CallFailed(f"task ended {view.get('status')}")
     return view

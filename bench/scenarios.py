@@ -39,9 +39,7 @@ class Plan:
     single_rate: float = 100.0
     fault_rate: float = 30.0  # 20 callers at 1.5 requests a second each
     fault_callers: int = 20
-    # a caller waits longer than the whole retry schedule (1+2+4+8+16 s, +20 % jitter):
-    # every accepted task must end (success or dead letter) before its caller gives up
-    fault_wait: float = 45.0
+    breaker_trial: float = 30.0  # the hub's default router.breaker_trial_interval
 
     @property
     def two_hop_rate(self) -> float:
@@ -165,12 +163,23 @@ class Plan:
         )
 
     @property
+    def fault_wait(self) -> float:
+        """How long a fault-run caller waits: past the whole retry schedule (1+2+4+8+16 s,
+        +20 % jitter) and past the outage and two breaker trials, because a retry due while
+        the breaker is open is deferred to its next trial (`reach.hub.delivery`): a task
+        accepted as the outage began ends only once a trial meets the agent back up. Every
+        accepted task must end (success or dead letter) before its caller gives up."""
+        return max(45.0, self.fault_phases[1] + 2 * self.breaker_trial + 20)
+
+    @property
     def hub_settings(self) -> dict[str, str]:
         """The smoke run shortens retry backoff so the fault run drains in seconds; the
-        table itself is measured on the defaults."""
+        table itself is measured on the defaults, but for the queue bound: the in-flight
+        run puts all its tasks on one agent, past the default bound (1,000 per agent), and
+        measures in-flight capacity, not backpressure (the ``backpressure`` part's)."""
         if self.level == "smoke":
             return {"REACH_ROUTER__BACKOFF_BASE": "0.2", "REACH_ROUTER__BACKOFF_CAP": "1"}
-        return {}
+        return {"REACH_ROUTER__MAX_QUEUE": str(max(1000, 2 * self.inflight_tasks))}
 
     @property
     def inflight_tasks(self) -> int:

@@ -51,6 +51,8 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object
             conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')  # type: ignore[arg-type]
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
     result: dict[str, object] = json.loads((out / "latest.json").read_text())
+    # a part that raised is recorded and the run goes on (bench.cli._guard): here, none may
+    assert "failed" not in result["meta"], result["meta"]["failed"]  # type: ignore[index]
     result["_files"] = sorted(p.name for p in out.iterdir())
     result["_stdout"] = run.stdout
     yield result
