@@ -15,6 +15,7 @@ from typing import Any
 import requests
 
 from reach.core.statuses import TERMINAL
+from reach.schemas import MAX_WAIT_S
 
 _local = threading.local()
 
@@ -29,9 +30,6 @@ def session() -> requests.Session:
 
 class CallFailed(Exception):
     """The call ended without a successful result (its message says how)."""
-
-
-MAX_WAIT_S = 60.0  # the API's longest long-poll (`wait`); a longer wait polls again
 
 
 def hub_call(hub: str, body: dict[str, Any], wait: float = 30.0) -> dict[str, Any]:

@@ -118,6 +118,10 @@ DB_INT_MAX = 2**31 - 1
 """The largest value an ``Integer`` column holds on PostgreSQL: ids and counts the hub
 stores or looks up are bounded by it, so out-of-range input is a 422, not a 500."""
 Count = Annotated[int, Field(ge=0, le=DB_INT_MAX)]
+
+MAX_WAIT_S = 60.0
+"""The longest long-poll (``wait``) the API holds a request for; a caller that waits
+longer asks again."""
 BusinessCode = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 
 

@@ -22,10 +22,8 @@ from reach.hub.context import HubContext
 from reach.hub.delivery import unmark_published
 from reach.hub.storage.models import BroadcastRow
 from reach.hub.wakeups import Waiters
-from reach.schemas import BroadcastRequest
+from reach.schemas import MAX_WAIT_S, BroadcastRequest
 from reach.worker.canvas import fan_out
-
-MAX_WAIT_S = 60.0
 
 Submits = Annotated[Principal, Depends(require(Action.SUBMIT))]
 Reads = Annotated[Principal, Depends(require(Action.READ_TASK))]

@@ -33,11 +33,9 @@ from reach.hub.context import HubContext
 from reach.hub.delivery import Publish
 from reach.hub.storage.models import TaskEventRow, TaskRow
 from reach.hub.wakeups import Waiters
-from reach.schemas import DB_INT_MAX, ProgressReport, ResultReport, SubmitRequest
+from reach.schemas import DB_INT_MAX, MAX_WAIT_S, ProgressReport, ResultReport, SubmitRequest
 
 DeadLetterId = Annotated[int, Path(ge=1, le=DB_INT_MAX)]
-
-MAX_WAIT_S = 60.0
 
 Submits = Annotated[Principal, Depends(require(Action.SUBMIT))]
 Reads = Annotated[Principal, Depends(require(Action.READ_TASK))]
