@@ -29,6 +29,7 @@ TASK_MODULES = [
 QUEUES = WORKER_QUEUES  # probe, online, background: the order workers prefer them in
 BEAT_SCHEDULER = "reach.worker.beat_lock:LeasedScheduler"  # one active beat (a lease)
 EMBEDDED_TRANSPORT = "reach.worker.embedded_broker:Transport"
+REDIS_TRANSPORT = "reach.worker.redis_broker:Transport"  # survives a Redis restart
 WORKER_CONSUMER = "reach.worker.consumer:Consumer"
 # Chord state (the header counter on Redis) lives as long as results do: a DAG run that
 # could outlive it would never run its next level, so runs are checked against it.
@@ -55,6 +56,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # a worker waits out any broker outage, retrying each second (reach.worker.consumer)
         "broker_connection_max_retries": None,
         "worker_consumer": WORKER_CONSUMER,
+        # a delivery under way when the broker drops goes on and records its outcome in the
+        # hub database (the truth); only its ack is lost, and a redelivered copy finds the
+        # task claimed or ended. Celery 6 would cancel it by default: pinned here.
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
         # Task events cost a Redis publish per task state on the hot path; Flower turns
         # them on in the workers it watches (its enable_events), so they stay off here.
         "worker_send_task_events": False,
@@ -69,6 +74,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         config["broker_transport"] = EMBEDDED_TRANSPORT
         config["broker_url"] = broker.removeprefix("sqla+")
     if broker.startswith(("redis://", "rediss://")):
+        config["broker_transport"] = REDIS_TRANSPORT
         # "priority": every BRPOP lists the queues in the order consumed (online first),
         # instead of rotating the last-served queue to the back
         config["broker_transport_options"] = {

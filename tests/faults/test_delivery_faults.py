@@ -229,6 +229,10 @@ def test_redis_restart_during_a_run_loses_nothing(
         private_redis.start()
         submitter.join(120)
         assert_exactly_once(store_url, agent, ids)
+        # the worker rode the restart out: the same process, reconnected (a channel of the
+        # lost connection once killed it with "Unrecoverable error": reach.worker.redis_broker)
+        assert stack.worker.proc.poll() is None, stack.worker.output()[-3000:]
+        assert "Unrecoverable error" not in stack.worker.output()
         # queued messages died with Redis; the recovery scan republished them
         assert recovery_events(store_url)["republished"] >= 1
     finally:
