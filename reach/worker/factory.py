@@ -14,6 +14,7 @@ from celery import Celery
 
 from reach.core.priority import WORKER_QUEUES
 from reach.hub.settings import Settings
+from reach.worker import redis_broker
 from reach.worker.beat_lock import CONFIG_KEY, BeatLockConfig
 
 TASK_MODULES = [
@@ -29,7 +30,6 @@ TASK_MODULES = [
 QUEUES = WORKER_QUEUES  # probe, online, background: the order workers prefer them in
 BEAT_SCHEDULER = "reach.worker.beat_lock:LeasedScheduler"  # one active beat (a lease)
 EMBEDDED_TRANSPORT = "reach.worker.embedded_broker:Transport"
-REDIS_TRANSPORT = "reach.worker.redis_broker:Transport"  # survives a Redis restart
 WORKER_CONSUMER = "reach.worker.consumer:Consumer"
 # Chord state (the header counter on Redis) lives as long as results do: a DAG run that
 # could outlive it would never run its next level, so runs are checked against it.
@@ -74,7 +74,6 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         config["broker_transport"] = EMBEDDED_TRANSPORT
         config["broker_url"] = broker.removeprefix("sqla+")
     if broker.startswith(("redis://", "rediss://")):
-        config["broker_transport"] = REDIS_TRANSPORT
         # "priority": every BRPOP lists the queues in the order consumed (online first),
         # instead of rotating the last-served queue to the back
         config["broker_transport_options"] = {
@@ -104,6 +103,7 @@ def create_celery(settings: Settings) -> Celery:
     from beat_schedule import beat_schedule
 
     config = celery_config(settings)
+    redis_broker.install()  # redis:// and rediss:// survive a Redis restart
     for url in (settings.storage.resolved_broker_url, config["result_backend"]):
         _make_sqlite_parent(url)
     app = Celery("reach", include=TASK_MODULES)

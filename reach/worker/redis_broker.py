@@ -17,14 +17,22 @@ the teardown goes on to reconnect, and the late ack is logged as not done. Nothi
 by it: the message is still in Redis's unacked index (restored after the visibility
 timeout; the hub's claim keeps a finished task from running twice) or, after a restart
 without persistence, gone with Redis and republished by the hub's overdue scan.
+
+`install` makes kombu's ``redis`` and ``rediss`` schemes resolve to this transport, rather
+than naming it in ``broker_transport``: the broker URL keeps its scheme, so a ``rediss``
+URL keeps kombu's TLS handling and Flower (which picks its broker client by scheme) still
+reads the queues.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
+from kombu import transport as kombu_transport
 from kombu.transport import redis as kombu_redis
 from redis.exceptions import ConnectionError as RedisConnectionError
+
+SCHEMES: Final = ("redis", "rediss")
 
 
 class Channel(kombu_redis.Channel):
@@ -36,3 +44,11 @@ class Channel(kombu_redis.Channel):
 
 class Transport(kombu_redis.Transport):
     Channel = Channel
+
+
+def install() -> None:
+    """Resolve ``redis://`` and ``rediss://`` to `Transport` in this process (idempotent)."""
+    for scheme in SCHEMES:
+        kombu_transport.TRANSPORT_ALIASES[scheme] = f"{__name__}:Transport"
+        # kombu caches what a name resolved to: one resolved before this resolves again
+        kombu_transport._transport_cache.pop(scheme, None)

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlparse
 
 import pytest
+from flower.utils.broker import Broker
+from flower.utils.broker import Redis as FlowerRedis
 from kombu import Connection, Exchange, Queue
 
 from reach.hub.settings import Settings
-from reach.worker.factory import REDIS_TRANSPORT, celery_config
+from reach.worker import redis_broker
+from reach.worker.factory import create_celery
 
 pytestmark = pytest.mark.redis
 
@@ -19,7 +23,8 @@ pytestmark = pytest.mark.redis
 @pytest.fixture
 def unacked(redis_db: str) -> Iterator[tuple[Connection, Any]]:
     """A message taken from the queue and not yet acked, on a live connection."""
-    conn = Connection(redis_db, transport=REDIS_TRANSPORT)
+    redis_broker.install()
+    conn = Connection(redis_db)
     queue = Queue("reach-test", Exchange("reach-test"), routing_key="reach-test")
     with conn.Producer() as producer:
         producer.publish(
@@ -40,6 +45,7 @@ def test_a_channel_of_a_collected_connection_raises_a_connection_error(
     second close and the late ack of a lost connection both end here."""
     conn, message = unacked
     channel = message.channel
+    assert isinstance(channel, redis_broker.Channel)
     conn.collect()  # what Celery does first with a connection it lost
     with pytest.raises(conn.connection_errors) as raised:
         channel._connparams()
@@ -53,7 +59,15 @@ def test_a_live_channel_still_builds_its_clients(unacked: tuple[Connection, Any]
     message.ack()  # a client from those parameters reaches Redis
 
 
-def test_redis_urls_use_the_reach_transport() -> None:
-    for url in ("redis://127.0.0.1:6379/0", "rediss://127.0.0.1:6380/0"):
-        settings = Settings.model_validate({"storage": {"broker_url": url}})
-        assert celery_config(settings)["broker_transport"] == REDIS_TRANSPORT
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/0", "rediss://127.0.0.1:6380/0"])
+def test_the_hub_app_uses_it_and_the_url_keeps_its_scheme(url: str) -> None:
+    """The scheme is kept: kombu's TLS default for ``rediss`` and Flower's broker page
+    (it picks its client by scheme) work as with kombu's own transport."""
+    app = create_celery(Settings.model_validate({"storage": {"broker_url": url}}))
+    conn = app.connection()
+    assert isinstance(conn.transport, redis_broker.Transport)
+    assert urlparse(conn.as_uri()).scheme == urlparse(url).scheme
+    if url.startswith("rediss"):
+        assert conn.ssl  # kombu's default for a rediss URL without options
+    else:
+        assert isinstance(Broker(conn.as_uri(include_password=True)), FlowerRedis)
