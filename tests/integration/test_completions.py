@@ -18,6 +18,8 @@ from reach.hub.wakeups import (
     MAX_CARRIED_BYTES,
     CompletionBus,
     Waiters,
+    changes_channel_for,
+    channel_for,
     mark_finished,
 )
 
@@ -104,13 +106,15 @@ def test_without_redis_nothing_is_attached(engine: Engine) -> None:
 
 
 def _published_changes(url: str, act: Any, settle: float = 0.3) -> list[bytes]:
-    """What the hub's channels carry while ``act`` runs (any ``reach:*`` channel), seen by
-    a pattern subscriber, which unlike a plain one does not count as a listener (NUMSUB)."""
+    """What this database's hub channels carry while ``act`` runs, seen by a pattern
+    subscriber, which unlike a plain one does not count as a listener (NUMSUB). Channels
+    are server-wide: ``reach:*`` would also catch the hubs of other xdist workers' tests,
+    which use other databases of the same server."""
     import redis
 
     client: Any = redis.Redis.from_url(url)
     pubsub = client.pubsub(ignore_subscribe_messages=True)
-    pubsub.psubscribe("reach:*")
+    pubsub.psubscribe(channel_for(url), changes_channel_for(url))
     try:
         act()
         seen: list[bytes] = []
