@@ -22,8 +22,10 @@ from bench import clients
 from bench.loadgen import Job, run_open_loop
 from bench.processes import Hub, MockAgent, PeakRss, wait_routable
 from bench.stats import Sample, Summary, ladder, percentile, summarise, sustainable
+from reach.hub.settings import RouterSettings
 
-TERMINAL = ("success", "failed", "dead", "cancelled")
+_ROUTER_DEFAULTS = RouterSettings()  # the hub's router settings as shipped
+
 LADDER_CEILING = 5000.0
 NO_HUB = "http://127.0.0.1:1"  # where agents of a hub-less run look for one (nothing)
 WARM_UP = 10_000_000  # warm-up requests' sequence numbers start here (see Bench.measure)
@@ -39,7 +41,7 @@ class Plan:
     single_rate: float = 100.0
     fault_rate: float = 30.0  # 20 callers at 1.5 requests a second each
     fault_callers: int = 20
-    breaker_trial: float = 30.0  # the hub's default router.breaker_trial_interval
+    breaker_trial: float = _ROUTER_DEFAULTS.breaker_trial_interval  # the hub's default
 
     @property
     def two_hop_rate(self) -> float:
@@ -179,7 +181,8 @@ class Plan:
         measures in-flight capacity, not backpressure (the ``backpressure`` part's)."""
         if self.level == "smoke":
             return {"REACH_ROUTER__BACKOFF_BASE": "0.2", "REACH_ROUTER__BACKOFF_CAP": "1"}
-        return {"REACH_ROUTER__MAX_QUEUE": str(max(1000, 2 * self.inflight_tasks))}
+        bound = max(_ROUTER_DEFAULTS.max_queue, 2 * self.inflight_tasks)
+        return {"REACH_ROUTER__MAX_QUEUE": str(bound)}
 
     @property
     def inflight_tasks(self) -> int:
