@@ -193,7 +193,11 @@ class Agent:
         self._consecutive_failures = 0
         self._last_duration_ms: float | None = None
         self._registered = False
-        self._stop = threading.Event()
+        # A register the hub may have committed though its answer never came (a timeout):
+        # the instance is deregistered on the way out all the same.
+        self._register_sent = False
+        self._stop = threading.Event()  # heartbeats stop
+        self._shutdown = threading.Event()  # `serve` returns
         self._heartbeat_thread: threading.Thread | None = None
         self._server: ThreadingHTTPServer | None = None
         self._server_thread: threading.Thread | None = None
@@ -241,6 +245,7 @@ class Agent:
     # -- hub conversation ---------------------------------------------------------------
     def register(self) -> dict[str, Any]:
         """Register this instance with the hub (idempotent: safe to call again)."""
+        self._register_sent = True
         answer = self.hub.post("/v1/agents/register", self.declaration.model_dump(mode="json"))
         self._registered = True
         log.info("registered %s/%s at %s", self.agent_id, self.instance_id, answer.get("endpoint"))
@@ -288,14 +293,14 @@ class Agent:
             self._heartbeat_thread = None
 
     def deregister(self) -> None:
-        if not self._registered:
+        if not (self._registered or self._register_sent):
             return
         body = DeregisterRequest(agent_id=self.agent_id, instance_id=self.instance_id)
         try:
             self.hub.post("/v1/agents/deregister", body.model_dump(mode="json"))
         except UnknownInstance:
             pass
-        self._registered = False
+        self._registered = self._register_sent = False
 
     def _heartbeat_loop(self) -> None:
         interval = self.declaration.heartbeat_interval
@@ -377,18 +382,27 @@ class Agent:
         self.hub.close()
 
     def serve(self) -> None:
-        """Serve until SIGINT/SIGTERM (or ``close()``), then deregister cleanly."""
-        self.start()
+        """Serve until SIGINT/SIGTERM (or ``close()``), then deregister cleanly.
+
+        The handlers are in place before registering: the hub lists the instance as soon
+        as it commits the registration, so a supervisor may stop it before ``register``
+        has returned, and the default SIGTERM would end the process still registered."""
+        self._shutdown.clear()
+        previous = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(sig, lambda *_: self._stop.set())
+                previous[sig] = signal.signal(sig, lambda *_: self._shutdown.set())
         try:
-            self._stop.wait()
+            self.start()
+            self._shutdown.wait()
         finally:
             self.close()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     def close(self) -> None:
         """Stop serving and heartbeating, then deregister this instance."""
+        self._shutdown.set()
         self.stop_heartbeat()
         self._close_server()
         self._leave_hub()

@@ -13,7 +13,9 @@ from typing import Any
 
 import requests
 
+import reach
 from tests.conftest import REPO, free_port, hub_env, wait_until
+from tests.support.holding_proxy import HoldingProxy
 from tests.support.reach_tokens import bearer, mint
 
 
@@ -101,6 +103,51 @@ def test_sdk_agent_registers_heartbeats_and_deregisters(
     gone = requests.get(f"{hub_api}/api/v1/agents", params={"status": "deregistered"}, timeout=5)
     assert gone.json()["agents"][0]["instances"][0]["status"] == "deregistered"
     assert instances(hub_api, "doc-analyzer-01") == []
+
+
+def test_an_agent_stopped_before_its_registration_answer_arrives_still_deregisters(
+    hub_api: str,
+) -> None:
+    """The hub lists an instance once it commits the registration; a supervisor may stop
+    the agent in the moment before ``register`` returns. It deregisters and exits 0."""
+    with HoldingProxy(hub_api, "/v1/agents/register") as proxy:
+        agent = start_agent(REPO / "examples" / "agents" / "summarizer.py", proxy.url, free_port())
+        try:
+            assert proxy.arrived.wait(20), "no registration reached the hub"
+            assert [i["status"] for i in instances(hub_api, "summarizer-01")] == ["online"]
+            agent.send_signal(signal.SIGTERM)
+            time.sleep(0.5)  # the signal lands while the answer is held
+            proxy.release()
+            out, _ = agent.communicate(timeout=20)
+        finally:
+            agent.kill()
+    assert agent.returncode == 0, out.decode()
+    assert ("POST", "/v1/agents/deregister") in proxy.seen
+    assert instances(hub_api, "summarizer-01") == []  # only deregistered ones, filtered out
+
+
+def test_a_registration_whose_answer_timed_out_is_deregistered_on_close(hub_api: str) -> None:
+    """The hub committed it, the agent never heard: ``close`` deregisters all the same,
+    instead of leaving an instance listed online until its heartbeats are missed."""
+    with HoldingProxy(hub_api, "/v1/agents/register") as proxy:
+        agent = reach.Agent(
+            "timeout-agent",
+            addr=f"127.0.0.1:{free_port()}",
+            hub=proxy.url,
+            capabilities=[{"type": "x.y"}],
+            heartbeat_interval=60,
+            allow_loopback=True,
+        )
+        agent.hub.timeout = (3.0, 0.5)
+        agent.start()  # the register times out: logged, the heartbeat loop would retry
+        try:
+            assert proxy.arrived.is_set()
+            assert [i["status"] for i in instances(hub_api, "timeout-agent")] == ["online"]
+        finally:
+            proxy.release()
+            agent.close()
+    assert proxy.seen.count(("POST", "/v1/agents/deregister")) == 1
+    assert instances(hub_api, "timeout-agent") == []
 
 
 def test_stuck_handlers_do_not_stop_heartbeats_and_mark_degraded(hub_api: str) -> None:

@@ -165,6 +165,9 @@ export class Agent {
   private channelConn: AgentChannel | null = null;
   private stopped: Promise<void> | null = null;
   private stopResolve: (() => void) | null = null;
+  // A register the hub may have committed though its answer never came (a timeout):
+  // the instance is deregistered on the way out all the same.
+  private registerSent = false;
   private signalHandler: (() => void) | null = null;
   /** Heartbeats the hub acknowledged (tests and logs). */
   heartbeats = 0;
@@ -263,6 +266,7 @@ export class Agent {
   // -- hub conversation -----------------------------------------------------------------
   /** Register this instance with the hub (idempotent: safe to call again). */
   async register(): Promise<Record<string, unknown>> {
+    this.registerSent = true;
     const answer = await this.hub.post<Record<string, unknown>>("/v1/agents/register", this.declaration);
     this.markRegistered(true);
     return answer;
@@ -270,13 +274,14 @@ export class Agent {
 
   /** Deregister this instance (a hub that forgot it already is not an error). */
   async deregister(): Promise<void> {
-    if (!this.registered) return;
+    if (!this.registered && !this.registerSent) return;
     try {
       await this.hub.post("/v1/agents/deregister", { agent_id: this.agentId, instance_id: this.instanceId });
     } catch (err) {
       if (!(err instanceof UnknownInstance)) throw err;
     }
     this.markRegistered(false);
+    this.registerSent = false;
   }
 
   /** Start the heartbeat thread (heartbeats every `heartbeatInterval` ms). */
@@ -404,14 +409,31 @@ export class Agent {
 
   /** Serve until SIGINT/SIGTERM (or `close()`), then deregister; resolves when closed. */
   async serve(opts: { signals?: boolean } = {}): Promise<void> {
-    await this.start();
+    // The handlers go in before registering: the hub lists the instance once it commits
+    // the registration, so a supervisor may stop it before `register` has answered, and
+    // Node's default for SIGTERM would end the process still registered.
+    let starting = true;
+    let stopAsked = false;
     if (opts.signals !== false && this.signalHandler === null) {
-      const onSignal = (): void => void this.close();
+      const onSignal = (): void => {
+        if (starting) stopAsked = true;
+        else void this.close();
+      };
       this.signalHandler = onSignal;
       process.once("SIGINT", onSignal);
       process.once("SIGTERM", onSignal);
     }
-    await this.stopped;
+    try {
+      await this.start();
+    } catch (err) {
+      this.dropSignalHandler();
+      throw err;
+    } finally {
+      starting = false;
+    }
+    const stopped = this.stopped;
+    if (stopAsked) await this.close();
+    await stopped;
   }
 
   /** The port the built-in server listens on (useful with port 0). */
@@ -422,11 +444,7 @@ export class Agent {
 
   /** Stop serving and heartbeating, then deregister this instance. */
   async close(): Promise<void> {
-    if (this.signalHandler !== null) {
-      process.off("SIGINT", this.signalHandler);
-      process.off("SIGTERM", this.signalHandler);
-      this.signalHandler = null;
-    }
+    this.dropSignalHandler();
     await this.stopHeartbeat();
     await this.closeServer();
     try {
@@ -437,6 +455,13 @@ export class Agent {
     this.stopResolve?.();
     this.stopped = null;
     this.stopResolve = null;
+  }
+
+  private dropSignalHandler(): void {
+    if (this.signalHandler === null) return;
+    process.off("SIGINT", this.signalHandler);
+    process.off("SIGTERM", this.signalHandler);
+    this.signalHandler = null;
   }
 
   private async closeServer(): Promise<void> {

@@ -377,3 +377,91 @@ test("examples/node/echo-agent.mjs runs against the hub", async () => {
   assert.equal(await exited, 0, out);
   assert.ok((await hub.instances("node-echo-example")).every((i) => i.status === "deregistered"));
 });
+
+/** A proxy in front of the hub forwarding everything, holding the hub's answers to
+ * `heldPath` (the hub has acted; the agent does not know yet) until `release()`. */
+async function holdingProxy(heldPath) {
+  const seen = [];
+  let release;
+  const released = new Promise((r) => (release = r));
+  let arrived;
+  const arrival = new Promise((r) => (arrived = r));
+  const server = createServer(async (req, res) => {
+    seen.push(`${req.method} ${req.url}`);
+    const chunks = [];
+    for await (const c of req) chunks.push(c);
+    const headers = { ...req.headers };
+    delete headers.host;
+    delete headers["content-length"];
+    delete headers.connection;
+    const answer = await fetch(hub.url + req.url, {
+      method: req.method,
+      headers,
+      body: req.method === "GET" ? undefined : Buffer.concat(chunks),
+    });
+    const body = Buffer.from(await answer.arrayBuffer());
+    if (req.url === heldPath) {
+      arrived();
+      await released;
+    }
+    res.writeHead(answer.status, { "content-type": answer.headers.get("content-type") ?? "application/json" });
+    res.end(body);
+  });
+  const port = await freePort();
+  await new Promise((r) => server.listen(port, "127.0.0.1", r));
+  cleanup.push(async () => {
+    release();
+    server.closeAllConnections();
+    await new Promise((r) => server.close(r));
+  });
+  return { url: `http://127.0.0.1:${port}`, seen, arrival, release };
+}
+
+test("SIGTERM before the registration answer arrives: the agent deregisters and exits 0", async () => {
+  const proxy = await holdingProxy("/v1/agents/register");
+  const port = await freePort();
+  const script = `
+    import { Agent } from ${JSON.stringify(join(REPO, "sdks/node/dist/index.js"))};
+    const agent = new Agent({ agentId: "node-early-stop", addr: "127.0.0.1:${port}", heartbeatInterval: 5000,
+      hub: ${JSON.stringify(proxy.url)}, allowLoopback: true });
+    await agent.serve();
+    console.log("closed");
+  `;
+  const child = spawn(process.execPath, ["--input-type=module", "-e", script], { stdio: ["ignore", "pipe", "pipe"] });
+  let out = "";
+  child.stdout.on("data", (d) => (out += d));
+  child.stderr.on("data", (d) => (out += d));
+  const exited = new Promise((r) => child.once("exit", (code, signal) => r({ code, signal })));
+  cleanup.push(async () => child.kill("SIGKILL"));
+  await proxy.arrival; // the hub committed the registration and lists the instance
+  assert.deepEqual((await hub.instances("node-early-stop")).map((i) => i.status), ["online"]);
+  child.kill("SIGTERM");
+  await sleep(500); // the signal lands while the answer is held
+  proxy.release();
+  const { code, signal } = await exited;
+  assert.deepEqual({ code, signal }, { code: 0, signal: null }, out);
+  assert.match(out, /closed/);
+  assert.ok(proxy.seen.includes("POST /v1/agents/deregister"), JSON.stringify(proxy.seen));
+  assert.deepEqual((await hub.instances("node-early-stop")).map((i) => i.status), ["deregistered"]);
+});
+
+test("a registration whose answer timed out is deregistered on close", async () => {
+  const proxy = await holdingProxy("/v1/agents/register");
+  const agent = new Agent({
+    agentId: "node-register-timeout",
+    addr: `127.0.0.1:${await freePort()}`,
+    heartbeatInterval: 60_000,
+    hub: proxy.url,
+    allowLoopback: true,
+    timeoutMs: 500,
+  });
+  await agent.start(); // the register times out: warned, the heartbeat thread would retry
+  try {
+    assert.deepEqual((await hub.instances("node-register-timeout")).map((i) => i.status), ["online"]);
+  } finally {
+    proxy.release();
+    await agent.close();
+  }
+  assert.equal(proxy.seen.filter((s) => s === "POST /v1/agents/deregister").length, 1, JSON.stringify(proxy.seen));
+  assert.deepEqual((await hub.instances("node-register-timeout")).map((i) => i.status), ["deregistered"]);
+});
