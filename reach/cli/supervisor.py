@@ -146,7 +146,8 @@ def run_up(
             screen.say(f"stopping ({name}) … (Ctrl-C again to kill at once)")
         return code
     finally:
-        _terminate(children, stop)
+        for name in _terminate(children, stop):
+            screen.say(f"[yellow]{name} did not stop within {STOP_GRACE_S:g} s: killed[/yellow]")
         try:
             keys.revoke(settings.storage.resolved_database_url)
         except SQLAlchemyError as exc:
@@ -522,24 +523,31 @@ def _wait_healthy(hub_url: str, children: list[Child], stop: StopRequest, timeou
     return False
 
 
-def _terminate(children: list[Child], stop: StopRequest) -> None:
+def _terminate(children: list[Child], stop: StopRequest, grace: float = STOP_GRACE_S) -> list[str]:
     """Stop the children stage by stage (agents, then worker and beat, then the API), each
-    stage given STOP_GRACE_S after SIGTERM before its process groups are killed."""
+    stage given ``grace`` seconds after SIGTERM before its process groups are killed.
+
+    Returns the names of those still running when their grace ran out (a demo agent
+    killed so has not deregistered: worth a line on the terminal)."""
+    overdue: list[str] = []
     for stage in sorted({c.stage for c in children}, reverse=True):
         group = [c for c in children if c.stage == stage and c.proc.poll() is None]
         for child in group:
             _signal_child(child, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
+        deadline = time.monotonic() + grace
         while any(c.proc.poll() is None for c in group):
             if stop.hurry or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
+        if not stop.hurry:
+            overdue += [c.name for c in group if c.proc.poll() is None]
         for child in group:
             # the whole group: a prefork worker's children too (it is its own session)
             _signal_child(child, signal.SIGKILL, group=True)
             child.proc.wait()
     for child in children:
         _signal_child(child, signal.SIGKILL, group=True)  # anything its leader left behind
+    return overdue
 
 
 def _signal_child(child: Child, signum: int, *, group: bool = False) -> None:
