@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from sqlalchemy import Engine, MetaData, select
 
 from reach.hub.storage import create_engine_for, upgrade_database
 from tests.support import processes
+from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 PG_ADMIN_DSN = os.environ.get(
@@ -34,12 +34,6 @@ PG_URL_TEMPLATE = os.environ.get(
     "REACH_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/{db}"
 )
 REDIS_URL = os.environ.get("REACH_TEST_REDIS_URL", "redis://127.0.0.1:6379")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _pg(sql: str) -> None:

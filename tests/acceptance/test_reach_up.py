@@ -23,6 +23,7 @@ from sqlalchemy import select
 from reach.hub.storage import create_engine_for, session_factory
 from reach.hub.storage.models import ApiKeyRow, InstanceRow
 from tests.conftest import REPO, free_port, hub_env, wait_until
+from tests.support.ports import free_block
 
 DEMO = {"doc-analyzer-01", "summarizer-01", "sales-agent-01", "knowledge-agent-01", "chat-agent-01"}
 # what Celery and uvicorn print: "[2026-12-01 20:20:07,174: INFO/MainProcess] …",
@@ -93,24 +94,6 @@ def assert_all_gone(children: list[psutil.Process], *ports: int) -> None:
     for port in ports:
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))  # raises if anything still holds it
-
-
-def free_block(size: int) -> int:
-    """The first of ``size`` consecutive free ports (the demo agents' ports)."""
-    for base in range(free_port(), 65_000, 97):
-        socks = []
-        try:
-            for port in range(base, base + size):
-                sock = socket.socket()
-                socks.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    raise AssertionError(f"no {size} consecutive free ports")
 
 
 def test_banner_quiet_terminal_logs_in_home_and_sigint_stops_everything(tmp_path: Path) -> None:

@@ -10,9 +10,7 @@ while the callers hammer the store) and each instance keeps being probed at its 
 from __future__ import annotations
 
 import itertools
-import random
 import signal
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -25,6 +23,7 @@ import requests
 
 import reach
 from tests.conftest import HubProcess, free_port, hub_env, wait_http_ok, wait_until
+from tests.support.ports import free_block
 
 CALLERS = 20
 TASKS_PER_CALLER = 50
@@ -63,25 +62,6 @@ def up(tmp_path: Path) -> Iterator[tuple[str, HubProcess]]:
             except Exception:
                 proc.kill_group()
         proc.stop()
-
-
-def free_block(size: int) -> int:
-    """The first of ``size`` consecutive free ports (`reach up` puts its demo agents there)."""
-    for _ in range(50):
-        base = random.randint(20_000, 40_000)
-        socks = []
-        try:
-            for port in range(base, base + size):
-                sock = socket.socket()
-                socks.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    raise AssertionError(f"no {size} consecutive free ports")
 
 
 def agents(hub: str) -> list[dict[str, Any]]:

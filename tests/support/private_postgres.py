@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -19,14 +18,10 @@ from pathlib import Path
 
 import psycopg
 
+from tests.support.ports import free_port
+
 PG_BIN = Path(os.environ.get("REACH_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
 OS_USER = os.environ.get("REACH_TEST_PG_OS_USER", "postgres")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PrivatePostgres:
@@ -36,7 +31,7 @@ class PrivatePostgres:
         self.root = Path(tempfile.mkdtemp(prefix="reach-pg-"))
         self.data = self.root / "data"
         self.log = self.root / "postgres.log"
-        self.port = _free_port()
+        self.port = free_port()
         shutil.chown(self.root, OS_USER, OS_USER)
 
     def _run(self, *args: str, timeout: float = 60) -> None:

@@ -14,22 +14,17 @@ import json
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from tests.support.ports import free_port
+
 SERVER = os.environ.get("REACH_TEST_RABBITMQ_SERVER", "/usr/lib/rabbitmq/bin/rabbitmq-server")
 CTL = os.environ.get("REACH_TEST_RABBITMQ_CTL", "/usr/lib/rabbitmq/bin/rabbitmqctl")
 OS_USER = os.environ.get("REACH_TEST_RABBITMQ_OS_USER", "rabbitmq")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def available() -> bool:
@@ -42,8 +37,8 @@ class PrivateRabbitMQ:
 
     def __init__(self) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="reach-rabbit-"))
-        self.port = _free_port()
-        self.dist_port = _free_port()
+        self.port = free_port()
+        self.dist_port = free_port()
         self.node = f"reach-test-{os.getpid()}-{self.port}@localhost"
         (self.root / "rabbitmq.conf").write_text(f"listeners.tcp.local = 127.0.0.1:{self.port}\n")
         (self.root / "enabled_plugins").write_text("[].\n")
