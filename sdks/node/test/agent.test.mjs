@@ -25,6 +25,17 @@ after(async () => {
   if (hub) await hub.stop();
 });
 
+/** `script` as a child Node process (ES module); its output kept, SIGKILLed at cleanup. */
+function runScript(script) {
+  const child = spawn(process.execPath, ["--input-type=module", "-e", script], { stdio: ["ignore", "pipe", "pipe"] });
+  let out = "";
+  child.stdout.on("data", (d) => (out += d));
+  child.stderr.on("data", (d) => (out += d));
+  const exited = new Promise((r) => child.once("exit", (code, signal) => r({ code, signal })));
+  cleanup.push(async () => child.kill("SIGKILL"));
+  return { child, exited, output: () => out };
+}
+
 /** A node:http server mounting `agent.handler()` under /reach, keeping each delivery. */
 async function mount(agent, port) {
   const seen = [];
@@ -320,12 +331,7 @@ test("heartbeats go on while a handler blocks the event loop; SIGTERM deregister
     await agent.serve();
     console.log("closed");
   `;
-  const child = spawn(process.execPath, ["--input-type=module", "-e", script], { stdio: ["ignore", "pipe", "pipe"] });
-  let out = "";
-  child.stdout.on("data", (d) => (out += d));
-  child.stderr.on("data", (d) => (out += d));
-  const exited = new Promise((r) => child.once("exit", (code, signal) => r({ code, signal })));
-  cleanup.push(async () => child.kill("SIGKILL"));
+  const { child, exited, output } = runScript(script);
   const inst = await waitUntil(
     async () => (await hub.instances("node-busy")).find((i) => i.status === "online"),
     20_000,
@@ -338,7 +344,7 @@ test("heartbeats go on while a handler blocks the event loop; SIGTERM deregister
     10_000,
     "a heartbeat reporting the task in flight",
   ).catch(async (err) => {
-    throw new Error(`${err.message}\n${out}\n${JSON.stringify(await hub.events(taskId))}\n${JSON.stringify(await hub.instances("node-busy"))}`);
+    throw new Error(`${err.message}\n${output()}\n${JSON.stringify(await hub.events(taskId))}\n${JSON.stringify(await hub.instances("node-busy"))}`);
   });
   const beats = busy.heartbeat_count;
   const still = await waitUntil(
@@ -351,8 +357,8 @@ test("heartbeats go on while a handler blocks the event loop; SIGTERM deregister
   assert.deepEqual(view.result, { blocked: 4000 });
   child.kill("SIGTERM");
   const { code } = await exited;
-  assert.equal(code, 0, out);
-  assert.match(out, /closed/);
+  assert.equal(code, 0, output());
+  assert.match(output(), /closed/);
   const [after] = (await hub.instances("node-busy")).filter((i) => i.instance_id === inst.instance_id);
   assert.equal(after.status, "deregistered");
 });
@@ -427,20 +433,15 @@ test("SIGTERM before the registration answer arrives: the agent deregisters and 
     await agent.serve();
     console.log("closed");
   `;
-  const child = spawn(process.execPath, ["--input-type=module", "-e", script], { stdio: ["ignore", "pipe", "pipe"] });
-  let out = "";
-  child.stdout.on("data", (d) => (out += d));
-  child.stderr.on("data", (d) => (out += d));
-  const exited = new Promise((r) => child.once("exit", (code, signal) => r({ code, signal })));
-  cleanup.push(async () => child.kill("SIGKILL"));
+  const { child, exited, output } = runScript(script);
   await proxy.arrival; // the hub committed the registration and lists the instance
   assert.deepEqual((await hub.instances("node-early-stop")).map((i) => i.status), ["online"]);
   child.kill("SIGTERM");
   await sleep(500); // the signal lands while the answer is held
   proxy.release();
   const { code, signal } = await exited;
-  assert.deepEqual({ code, signal }, { code: 0, signal: null }, out);
-  assert.match(out, /closed/);
+  assert.deepEqual({ code, signal }, { code: 0, signal: null }, output());
+  assert.match(output(), /closed/);
   assert.ok(proxy.seen.includes("POST /v1/agents/deregister"), JSON.stringify(proxy.seen));
   assert.deepEqual((await hub.instances("node-early-stop")).map((i) => i.status), ["deregistered"]);
 });
