@@ -22,18 +22,22 @@ def outbox_relay() -> dict[str, int]:
     ctx = runtime()
     now = ctx.clock.now()
     with ctx.transaction() as session:
+        due = outbox.scheduled(session, now)  # deferrals: expected, not a net's catch
         left_behind = outbox.unpublished(session, now, grace=2.0)
         recovery = outbox.recover(
             session, now, ctx.delivery_policy, _rng, backlog=ctx.publisher.backlog()
         )
     # one publication per attempt, even when two nets found the same one
-    items = list({(p.task_id, p.attempt_seq): p for p in left_behind + recovery.publish}.values())
+    found = due + left_behind + recovery.publish
+    items = list({(p.task_id, p.attempt_seq): p for p in found}.values())
     published, refused = outbox.publish_each(items, ctx.publisher.publish)
     with ctx.transaction() as session:  # if this fails, unsettled claims lapse and recur
         outbox.settle(session, published, refused, ctx.clock.now())
     if refused:
         log.warning("broker refused %d attempts; left to the relay's next tick", len(refused))
-    if items:
+    if due:
+        log.debug("relay published %d scheduled attempts that fell due", len(due))
+    if left_behind or recovery.publish:
         log.warning(
             "relay published %d left-behind attempts; recovered %d overdue, %d lost "
             "by workers, %d silent (watchdog)",
@@ -42,4 +46,9 @@ def outbox_relay() -> dict[str, int]:
             recovery.redelivered,
             recovery.watchdog,
         )
-    return {"published": len(published), "refused": len(refused), "watchdog": recovery.watchdog}
+    return {
+        "published": len(published),
+        "refused": len(refused),
+        "scheduled": len(due),
+        "watchdog": recovery.watchdog,
+    }

@@ -171,7 +171,8 @@ def deliver_attempt(
     signer: Signer | None = None,
     shared: SharedCounts | None = None,
 ) -> Publish | None:
-    """Claim, route, call the agent, record the outcome. Returns a retry to publish, if any.
+    """Claim, route, call the agent, record the outcome. Returns a retry to publish, if any
+    (a background attempt deferred for online work is left to the outbox relay: None).
 
     ``breakers`` holds this process's failure windows: every answer feeds the instance's
     circuit breaker, which opens (or closes after a trial) in a transaction of its own.
@@ -195,9 +196,8 @@ def deliver_attempt(
         if claimed.session_id is not None and _session_closed(session, claimed, now()):
             return None  # its session closed since it was queued: cancelled, not delivered
         if claimed.priority == BACKGROUND:  # online pays nothing for the check
-            deferred = priority_gate.yield_to_online(session, claimed, now(), dpolicy.priority)
-            if deferred is not None:
-                return deferred
+            if priority_gate.yield_to_online(session, claimed, now(), dpolicy.priority):
+                return None  # deferred: its next attempt waits in the outbox for the relay
         if budget_wait is not None and claimed.instance_id is not None:
             return _wait_for_budget(session, claimed, now(), *budget_wait)
         route = _route(session, claimed, now(), policy, dpolicy, rng, candidates)

@@ -1,5 +1,9 @@
 """The safety nets between the database and the broker.
 
+* ``scheduled`` — attempts written for later (``available_at`` past ``created_at``) that
+  are due and unpublished: a background attempt deferred for online work is left here on
+  purpose (`reach.hub.priority`), and a retry whose countdown publish was refused or
+  never sent (its worker died) is caught here at its due time.
 * ``unpublished`` — outbox rows whose publication never happened (the API or a worker
   died between commit and publish, or the broker was down): the relay publishes them.
   Claiming a row marks it (``published_at``) so a concurrent relay leaves it alone; the
@@ -52,6 +56,27 @@ class Recovery:
     watchdog: int
 
 
+def scheduled(session: Session, now: float, limit: int = 500) -> list[Publish]:
+    """Claim the attempts written for later that are due and that nobody published, in the
+    order they fell due. No grace: whoever wrote one publishes it with a countdown right
+    after commit (a retry) or leaves it to the relay (a priority deferral), so one still
+    unpublished when due is the relay's."""
+    rows = session.scalars(
+        _skip_locked(
+            session,
+            (
+                select(OutboxRow)
+                .where(OutboxRow.published_at.is_(None))
+                .where(OutboxRow.available_at > OutboxRow.created_at)
+                .where(OutboxRow.available_at <= now)
+                .order_by(OutboxRow.available_at, OutboxRow.id)
+                .limit(limit)
+            ),
+        )
+    ).all()
+    return _claim(rows, now)
+
+
 def unpublished(
     session: Session, now: float, grace: float, limit: int = 500, claim_lease: float = 60.0
 ) -> list[Publish]:
@@ -73,8 +98,12 @@ def unpublished(
     lapsed = (
         _lapsed_claims(session, now - claim_lease, limit - len(rows)) if len(rows) < limit else []
     )
+    return _claim([*rows, *lapsed], now)
+
+
+def _claim(rows: Sequence[OutboxRow], now: float) -> list[Publish]:
     out = []
-    for row in [*rows, *lapsed]:
+    for row in rows:
         row.published_at = now  # a claim; ``settle`` confirms it or takes it back
         out.append(Publish(row.task_id, row.attempt_seq, 0.0, queue_of(row.message)))
     return out

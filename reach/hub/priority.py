@@ -14,9 +14,14 @@ delivery pays no query for it. The measures are hub-wide, read from the store:
   ``flow_counts`` under the name ``worker_slots``, keyed by the worker's node name);
 * deferred since: the task's first ``deferred`` event, for the bound on its waiting.
 
-A deferral is a new attempt (its outbox row commits with it, so the relay publishes it
-if the worker dies first) on the background queue after ``defer_s``; no retry is
-spent, and the task's ``deferred`` event says why.
+A deferral is a new attempt on the background queue after ``defer_s``; no retry is
+spent, and the task's ``deferred`` event says why. Its outbox row commits with it and
+the outbox relay publishes it once it is due (`reach.hub.outbox.scheduled`), never a
+countdown message: Celery holds a countdown message in the worker that fetched it and,
+once due, queues it for that worker's pool in front of online work that arrived
+meanwhile. A backlog deferred that way clogged the worker it meant to free (measured:
+online p99 36x its unloaded figure under a background flood, ``python -m bench --only
+priority``; docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import math
 from typing import TYPE_CHECKING
 
 from sqlalchemy import Integer as SqlInteger
-from sqlalchemy import Table, and_, bindparam, cast, delete, exists, func, select
+from sqlalchemy import Table, and_, bindparam, cast, delete, exists, func, select, text
 from sqlalchemy.orm import Session
 
 from reach.core import lifecycle
@@ -46,7 +51,7 @@ from reach.hub import delivery  # a module, not its names: delivery imports this
 from reach.hub.storage.models import FlowCountRow, TaskEventRow, TaskRow
 
 if TYPE_CHECKING:
-    from reach.hub.delivery import Claimed, Publish
+    from reach.hub.delivery import Claimed
 
 log = logging.getLogger("reach.hub.priority")
 
@@ -99,10 +104,20 @@ _DEFERRED_SINCE = (
     .scalar_subquery()
 )
 _LOAD = select(_ONLINE_WAITING, _BACKGROUND_BUSY, _SLOTS, _DEFERRED_SINCE)
+_GATE_KEY = 0x7072696F72697479  # "priority": the background admissions' advisory lock
+_GATE_LOCK = text("SELECT pg_advisory_xact_lock(:key)")
 
 
 def measure(session: Session, task_id: str, now: float) -> Load:
-    """The hub's load as one background attempt (``task_id``) sees it, in one statement."""
+    """The hub's load as one background attempt (``task_id``) sees it, in one statement.
+
+    On PostgreSQL the background attempts being admitted take turns (a transaction-scoped
+    advisory lock, held until the delivery's first transaction commits its claim): two
+    workers counting at once would each see a free slot in the share and both take it
+    (measured: background held 3 of 4 slots behind a burst of due deferrals). SQLite's
+    write transactions take turns already."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.connection().execute(_GATE_LOCK, {"key": _GATE_KEY})
     row = (
         session.connection()
         .execute(
@@ -125,11 +140,10 @@ def measure(session: Session, task_id: str, now: float) -> Load:
     )
 
 
-def yield_to_online(
-    session: Session, claimed: Claimed, now: float, policy: PriorityPolicy
-) -> Publish | None:
+def yield_to_online(session: Session, claimed: Claimed, now: float, policy: PriorityPolicy) -> bool:
     """Defer the claimed background attempt if online work waits and background holds its
-    share of the slots already; the deferral to publish, or None: deliver it now."""
+    share of the slots already: True if deferred (the relay publishes it when due),
+    False: deliver it now."""
     load = measure(session, claimed.task_id, now)
     decision = admit_background(load, policy)
     if decision.run:
@@ -138,12 +152,14 @@ def yield_to_online(
                 "background task %s runs past online work after %.1fs of deferrals",
                 claimed.task_id, load.deferred_s or 0.0,
             )  # fmt: skip
-        return None
-    return defer(session, claimed.task_id, now, decision, load)
+        return False
+    defer(session, claimed.task_id, now, decision, load)
+    return True
 
 
-def defer(session: Session, task_id: str, now: float, decision: Decision, load: Load) -> Publish:
-    """Put the claimed attempt back as a new one ``decision.delay_s`` from now."""
+def defer(session: Session, task_id: str, now: float, decision: Decision, load: Load) -> None:
+    """Put the claimed attempt back as a new one ``decision.delay_s`` from now, left
+    unpublished for the outbox relay (no countdown message: see the module's docstring)."""
     task = delivery.load_for_update(session, task_id)
     assert task is not None  # claimed in this same transaction
     delay = decision.delay_s
@@ -163,7 +179,6 @@ def defer(session: Session, task_id: str, now: float, decision: Decision, load: 
         "queue": BACKGROUND_QUEUE,
     }
     delivery.record_event(session, task, "deferred", now, detail)
-    return delivery.Publish(task.task_id, task.attempt_seq, delay, BACKGROUND_QUEUE)
 
 
 def record_slots(session: Session, worker: str, slots: int, now: float) -> None:

@@ -1,10 +1,11 @@
 """The relay never strands an attempt: a refused publish hands the row back, an unsettled
 claim lapses and is claimed again, neither waiting for the overdue net (which is off behind
-a backlog). Real stores, a real Celery publisher and a private redis-server that is down,
-then up."""
+a backlog); an attempt written for later (a priority deferral) goes out once it is due.
+Real stores, a real Celery publisher and a private redis-server that is down, then up."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from reach.hub import outbox, registry, submission
+from reach.hub import delivery, outbox, registry, submission
 from reach.hub.clock import ManualClock
 from reach.hub.context import HubContext
 from reach.hub.settings import Settings
@@ -149,3 +150,27 @@ def test_a_claim_never_settled_lapses_and_is_claimed_again(
     assert queued(broker) == [repr([task_id, 1])]
     hub.clock.advance(120)
     assert relay()["published"] == 0  # settled: never again
+
+
+def test_an_attempt_scheduled_for_later_is_published_when_due_and_not_before(
+    hub: HubContext, broker: PrivateRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    broker.start()
+    task_id = submit(hub, premarked=True)  # its first attempt went out at commit
+    with hub.transaction() as s:  # what a priority deferral leaves: the next attempt, unpublished
+        task = s.scalar(select(TaskRow).where(TaskRow.task_id == task_id))
+        assert task is not None
+        task.attempt_seq = 2
+        delivery.add_attempt(s, task, hub.clock.now(), available_at=hub.clock.now() + 0.5)
+    hub.clock.advance(0.4)
+    assert relay()["published"] == 0  # not yet due
+    assert queued(broker) == []
+    hub.clock.advance(0.1)  # due: no grace to wait out, as a row left behind has
+    with caplog.at_level(logging.DEBUG, logger="reach.tasks.outbox"):
+        result = relay()
+    assert (result["published"], result["scheduled"]) == (1, 1)
+    assert queued(broker) == [repr([task_id, 2])]
+    # expected work, not a net's catch: no warning
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    hub.clock.advance(1)
+    assert relay()["published"] == 0  # settled: not published twice

@@ -3,12 +3,14 @@
 The decision is `reach.core.priority` (table-tested); here: what the hub measures (online
 tasks waiting, background deliveries in flight, the slots workers reported), the
 deferral it writes (a new attempt on ``reach.background``, no retry spent, a ``deferred``
-event), its bound, and that every way an attempt is re-created keeps the task's queue.
+event, left unpublished for the outbox relay until it is due), its bound, and that every
+way an attempt is re-created keeps the task's queue.
 """
 
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -124,6 +126,12 @@ def queue_of_outbox(sessions: sessionmaker[Session], task_id: str, seq: int) -> 
         return outbox.queue_of(found.message)
 
 
+def relayed(sessions: sessionmaker[Session], now: float) -> list[Publish]:
+    """What the outbox relay claims as due and scheduled at ``now``."""
+    with sessions.begin() as s:
+        return outbox.scheduled(s, now)
+
+
 def busy_background(sessions: sessionmaker[Session], clock: ManualClock) -> str:
     """A background task another worker is delivering (its lease live)."""
     task_id = send(sessions, clock, "background")
@@ -159,9 +167,8 @@ def test_background_yields_its_slot_while_online_waits(
     online = send(sessions, clock, "online")
     task_id = send(sessions, clock, "background")
 
-    deferred = attempt(sessions, clock, task_id, 1)
-
-    assert deferred == Publish(task_id, 2, 0.5, BACKGROUND_QUEUE)
+    # nothing for the worker to publish: no countdown message held in a worker
+    assert attempt(sessions, clock, task_id, 1) is None
     assert agent.calls[task_id] == 0  # not delivered
     task = row(sessions, task_id)
     assert (task.status, task.attempt_seq, task.retries) == ("pending", 2, 0)  # no retry spent
@@ -170,13 +177,20 @@ def test_background_yields_its_slot_while_online_waits(
     assert last.detail["reason"] == "priority"
     assert (last.detail["background_busy"], last.detail["slots"]) == (1, 2)
     assert queue_of_outbox(sessions, task_id, 2) == BACKGROUND_QUEUE
+    # the relay publishes it once due (0.5 s), without the grace of a left-behind row
+    assert relayed(sessions, clock.now() + 0.49) == []
+    assert relayed(sessions, clock.now() + 0.5) == [Publish(task_id, 2, 0.0, BACKGROUND_QUEUE)]
+    assert relayed(sessions, clock.now() + 60) == []  # claimed: published once
 
     # the online task is delivered; while online traffic is live background keeps to its
     # share (a slot freed after an online task arrives is too late for it), then runs
     assert attempt(sessions, clock, online, 1) is None
     clock.advance(0.5)
-    again = attempt(sessions, clock, task_id, 2)
-    assert again == Publish(task_id, 3, 0.5, BACKGROUND_QUEUE)
+    assert attempt(sessions, clock, task_id, 2) is None
+    assert (row(sessions, task_id).attempt_seq, events(sessions, task_id)[-1].kind) == (
+        3,
+        "deferred",
+    )
     clock.advance(priority.ONLINE_RECENT_S)
     assert attempt(sessions, clock, task_id, 3) is None
     assert row(sessions, task_id).status == "success"
@@ -195,6 +209,38 @@ def test_background_within_its_share_runs_while_online_waits(
     assert row(sessions, task_id).status == "success"
 
 
+def test_background_admissions_take_turns_for_the_last_slot_of_the_share(
+    sessions: sessionmaker[Session], clock: ManualClock, agent: EnvelopeServer
+) -> None:
+    """Two workers admitting background attempts at once: the second counts only after the
+    first committed its claim, so both cannot take the one slot left in the share."""
+    register(sessions, clock, agent.addr)
+    report_slots(sessions, clock, 2)  # share 0.5: background may hold one slot
+    send(sessions, clock, "online")  # online waits throughout
+    first, second = send(sessions, clock, "background"), send(sessions, clock, "background")
+    now = clock.now()
+    answer: list[bool] = []
+    counted = threading.Event()
+
+    def other_worker() -> None:
+        with sessions.begin() as s:
+            claimed = claim(s, second, 1, now, DPOLICY)
+            assert claimed is not None
+            answer.append(priority.yield_to_online(s, claimed, now, DPOLICY.priority))
+        counted.set()
+
+    with sessions.begin() as s:
+        claimed = claim(s, first, 1, now, DPOLICY)
+        assert claimed is not None
+        assert priority.yield_to_online(s, claimed, now, DPOLICY.priority) is False  # runs
+        worker = threading.Thread(target=other_worker, daemon=True)
+        worker.start()
+        assert not counted.wait(0.5), "the second admission counted before the first committed"
+    worker.join(10)
+    assert answer == [True]  # it saw the first one's slot taken: deferred
+    assert row(sessions, second).attempt_seq == 2
+
+
 def test_a_deferred_background_task_runs_after_the_maximum_wait(
     sessions: sessionmaker[Session], clock: ManualClock, agent: EnvelopeServer
 ) -> None:
@@ -204,8 +250,10 @@ def test_a_deferred_background_task_runs_after_the_maximum_wait(
     send(sessions, clock, "online")  # never delivered: online waits throughout
     task_id = send(sessions, clock, "background")
     seq = 1
-    while (deferred := attempt(sessions, clock, task_id, seq)) is not None:
-        seq = deferred.attempt_seq
+    while attempt(sessions, clock, task_id, seq) is None and row(sessions, task_id).status == (
+        "pending"
+    ):
+        seq = row(sessions, task_id).attempt_seq
         clock.advance(1)
         with sessions.begin() as s:  # the busy one's lease and the slots stay live
             s.execute(update(TaskRow).where(TaskRow.status == "dispatching").values(

@@ -76,12 +76,17 @@ def test_admit_background(
 
 @pytest.mark.parametrize(
     ("deferred_s", "delay"),
-    [(None, 0.5), (0.0, 0.5), (0.3, 0.5), (1.0, 1.0), (1.7, 1.7), (2.0, 2.0), (50.0, 2.0)],
-)
+    [
+        (None, 0.5), (0.0, 0.5), (0.3, 0.5), (1.0, 1.0), (1.7, 1.7), (2.0, 2.0), (5.0, 5.0),
+        (8.0, 8.0), (30.0, 8.0),
+        (55.0, 5.0), (59.0, 1.0), (59.8, 0.5), (75.0, 0.5),  # not past max_wait_s (60)
+    ],
+)  # fmt: skip
 def test_a_deferral_waits_as_long_as_it_waited_already(
     deferred_s: float | None, delay: float
 ) -> None:
-    """Doubling, capped: a large backlog must not cycle through the workers every 0.5 s."""
+    """Doubling, capped: a large backlog must not cycle through the workers every 0.5 s,
+    and the cap never carries a deferral past the bound on its wait."""
     assert defer_delay(deferred_s, POLICY) == delay
 
 
