@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import Table, bindparam, func, select, text
+from sqlalchemy import Table, bindparam, func, select
 from sqlalchemy.orm import Session
 
 from reach.core import admission as decide
@@ -32,6 +32,7 @@ from reach.core.trust import payload_size
 from reach.errors import Backpressure, RequestTooLarge, UnknownAgent
 from reach.hub import audit, metrics
 from reach.hub.settings import Settings
+from reach.hub.storage.engine import advisory_xact_lock
 from reach.hub.storage.models import AgentRow, TaskRow
 
 ENVELOPE_BYTES = 65_536
@@ -39,7 +40,6 @@ ENVELOPE_BYTES = 65_536
 the effective body limit (`body_limit`) never hides the payload cap behind a bare 413."""
 
 _LOCK_SPACE = 0x71756575  # "queu": the first key of the agent-queue advisory locks
-_LOCK = text("SELECT pg_advisory_xact_lock(:space, :key)")
 _LIVE = sorted(s.value for s in LIVE)
 _DONE = sorted(s.value for s in TERMINAL)
 
@@ -91,9 +91,9 @@ def admit(
     accepted task: a full queue never refuses one of those (the submit finds it)."""
     if not agent_ids:
         return
-    if named and session.get_bind().dialect.name == "postgresql":
+    if named:
         for agent_id in sorted(set(agent_ids)):  # a stable order: no lock cycles
-            session.connection().execute(_LOCK, {"space": _LOCK_SPACE, "key": _lock_key(agent_id)})
+            advisory_xact_lock(session, _LOCK_SPACE, _lock_key(agent_id))
     queues = _queues(session, agent_ids, limits.max_queue)
     if decide.verdict(queues) is None:
         return

@@ -31,7 +31,7 @@ import math
 from typing import TYPE_CHECKING
 
 from sqlalchemy import Integer as SqlInteger
-from sqlalchemy import Table, and_, bindparam, cast, delete, exists, func, select, text
+from sqlalchemy import Table, and_, bindparam, cast, delete, exists, func, select
 from sqlalchemy.orm import Session
 
 from reach.core import lifecycle
@@ -48,6 +48,7 @@ from reach.core.priority import (
 )
 from reach.core.statuses import TaskStatus
 from reach.hub import delivery  # a module, not its names: delivery imports this one
+from reach.hub.storage.engine import advisory_xact_lock
 from reach.hub.storage.models import FlowCountRow, TaskEventRow, TaskRow
 
 if TYPE_CHECKING:
@@ -105,7 +106,6 @@ _DEFERRED_SINCE = (
 )
 _LOAD = select(_ONLINE_WAITING, _BACKGROUND_BUSY, _SLOTS, _DEFERRED_SINCE)
 _GATE_KEY = 0x7072696F72697479  # "priority": the background admissions' advisory lock
-_GATE_LOCK = text("SELECT pg_advisory_xact_lock(:key)")
 
 
 def measure(session: Session, task_id: str, now: float) -> Load:
@@ -116,8 +116,7 @@ def measure(session: Session, task_id: str, now: float) -> Load:
     workers counting at once would each see a free slot in the share and both take it
     (measured: background held 3 of 4 slots behind a burst of due deferrals). SQLite's
     write transactions take turns already."""
-    if session.get_bind().dialect.name == "postgresql":
-        session.connection().execute(_GATE_LOCK, {"key": _GATE_KEY})
+    advisory_xact_lock(session, _GATE_KEY)
     row = (
         session.connection()
         .execute(

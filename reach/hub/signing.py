@@ -32,10 +32,11 @@ import jwt
 from cachetools import TTLCache
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from sqlalchemy import delete, or_, select, text
+from sqlalchemy import delete, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from reach.core.tokens import ALGORITHM, DEFAULT_LEEWAY_S, MAX_TTL_S, claims_for
+from reach.hub.storage.engine import advisory_xact_lock
 from reach.hub.storage.models import SigningKeyRow
 
 RETIRE_AFTER_S = MAX_TTL_S + DEFAULT_LEEWAY_S
@@ -273,6 +274,5 @@ def _view(row: SigningKeyRow, signing_kid: str | None, now: float) -> dict[str, 
 
 def _lock(session: Session) -> None:
     """Serialise key creation and rotation until this transaction ends."""
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _LOCK_KEY})
+    advisory_xact_lock(session, _LOCK_KEY)
     # SQLite: a write transaction holds the database lock from BEGIN IMMEDIATE

@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, Select, create_engine, event
+from sqlalchemy import Engine, Select, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -71,6 +71,21 @@ def skip_locked(session: Session, query: Select[T]) -> Select[T]:
     if session.get_bind().dialect.name == "postgresql":
         return query.with_for_update(skip_locked=True)
     return query
+
+
+_ADVISORY_LOCKS = {
+    1: text("SELECT pg_advisory_xact_lock(:k1)"),
+    2: text("SELECT pg_advisory_xact_lock(:k1, :k2)"),
+}
+
+
+def advisory_xact_lock(session: Session, *key: int) -> None:
+    """Take turns with every transaction that asks for ``key`` (one bigint, or two ints)
+    until this one ends (PostgreSQL). SQLite's write transactions take turns already
+    (BEGIN IMMEDIATE): nothing to do there."""
+    if session.get_bind().dialect.name == "postgresql":
+        params = {f"k{i}": k for i, k in enumerate(key, 1)}
+        session.connection().execute(_ADVISORY_LOCKS[len(key)], params)
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:
