@@ -276,10 +276,10 @@ def beat(loglevel: Annotated[str, typer.Option(help="Log level")] = "INFO") -> N
     if problem:  # the lock lives in the database
         err_console.print(f"[red]database not ready:[/red] {problem}")
         raise typer.Exit(2)
-    from reach.worker.app import app as celery_app
-    from reach.worker.factory import BEAT_SCHEDULER
+    from reach.worker.factory import BEAT_SCHEDULER, create_celery
 
-    celery_app.start(["beat", f"--loglevel={loglevel}", f"--scheduler={BEAT_SCHEDULER}"])
+    beat_app = create_celery(settings, task_modules=())  # it sends by name
+    beat_app.start(["beat", f"--loglevel={loglevel}", f"--scheduler={BEAT_SCHEDULER}"])
 
 
 @app.command()

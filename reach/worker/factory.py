@@ -7,6 +7,7 @@ publisher confirms on AMQP, and a worker that reconnects to a returning broker a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -99,14 +100,16 @@ def _make_sqlite_parent(url: str) -> None:
             Path(url.removeprefix(prefix)).parent.mkdir(parents=True, exist_ok=True)
 
 
-def create_celery(settings: Settings) -> Celery:
+def create_celery(settings: Settings, task_modules: Sequence[str] = TASK_MODULES) -> Celery:
+    """The hub's Celery app. Beat passes no task modules: it sends the schedule's tasks by
+    name, and importing them would load the whole hub into it (about 50 MB)."""
     from beat_schedule import beat_schedule
 
     config = celery_config(settings)
     redis_broker.install()  # redis:// and rediss:// survive a Redis restart
     for url in (settings.storage.resolved_broker_url, config["result_backend"]):
         _make_sqlite_parent(url)
-    app = Celery("reach", include=TASK_MODULES)
+    app = Celery("reach", include=list(task_modules))
     app.conf.update(config)
     app.conf.beat_schedule = beat_schedule(settings)
     return app

@@ -1,0 +1,89 @@
+"""What each hub process loads: memory that every process pays, so it is worth keeping out.
+
+Beat sends the schedule's tasks by name and needs neither the task modules nor the hub
+behind them; no running process needs Alembic (it is for ``reach db upgrade``). Each check
+runs a fresh interpreter, since this one has loaded everything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+# `reach beat` as the console script runs it, stopped where the scheduler would start:
+# what is loaded then is what beat holds for its lifetime.
+BEAT = """
+import json, os, sys
+import celery.beat
+
+def stop(self, *args, **kwargs):
+    # beat sends its stdout to the log by now: the list goes to a file
+    with open(os.environ["MODULES_FILE"], "w") as out:
+        json.dump(sorted(sys.modules), out)
+    raise SystemExit(0)
+
+celery.beat.Service.start = stop
+sys.argv = ["reach", "beat", "--loglevel", "WARNING"]
+from reach.cli import main
+main()
+"""
+
+# A worker's import of the hub: the Celery app with its task modules.
+WORKER = """
+import json, os, sys
+from reach.worker.app import app
+app.loader.import_default_modules()
+with open(os.environ["MODULES_FILE"], "w") as out:
+    json.dump(sorted(sys.modules), out)
+"""
+
+# The API's: the FastAPI application with its routes.
+API = """
+import json, os, sys
+from reach.hub.api import create_app
+with open(os.environ["MODULES_FILE"], "w") as out:
+    json.dump(sorted(sys.modules), out)
+"""
+
+
+def _modules(script: str, store_url: str, tmp_path: Path) -> set[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REACH_")}
+    env.update(REACH_DATABASE_URL=store_url, REACH_HOME=str(tmp_path / "home"))
+    report = tmp_path / "modules.json"
+    env["MODULES_FILE"] = str(report)
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert report.exists(), f"no module list (rc={done.returncode}):\n{done.stderr[-3000:]}"
+    return set(json.loads(report.read_text()))
+
+
+def test_beat_loads_no_task_module_and_no_alembic(store_url: str, tmp_path: Path) -> None:
+    loaded = _modules(BEAT, store_url, tmp_path)
+    assert "reach.worker.beat_lock" in loaded  # it got as far as its scheduler
+    assert not {m for m in loaded if m == "tasks" or m.startswith("tasks.")}
+    assert "reach.hub.context" not in loaded
+    assert "reach.worker.app" not in loaded
+    assert "alembic" not in loaded
+
+
+def test_worker_loads_no_alembic(store_url: str, tmp_path: Path) -> None:
+    loaded = _modules(WORKER, store_url, tmp_path)
+    assert {"tasks.delivery", "tasks.a2a", "reach.hub.context"} <= loaded
+    assert not {m for m in loaded if m.split(".")[0] in {"alembic", "mako", "pygments"}}
+
+
+def test_api_loads_no_alembic(store_url: str, tmp_path: Path) -> None:
+    loaded = _modules(API, store_url, tmp_path)
+    assert {"reach.hub.api.app", "reach.hub.context"} <= loaded
+    assert not {m for m in loaded if m.split(".")[0] in {"alembic", "mako"}}
