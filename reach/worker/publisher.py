@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from kombu.exceptions import ChannelError
+
 from reach.core.priority import BACKGROUND_QUEUE, ONLINE_QUEUE
 from reach.hub.approval_webhook import WEBHOOK_TASK
 from reach.hub.delivery import Publish
@@ -16,6 +18,8 @@ from reach.hub.delivery import Publish
 log = logging.getLogger("reach.worker.publisher")
 DELIVER_TASK = "reach.deliver"
 DELIVERY_QUEUE = ONLINE_QUEUE  # online attempts, sweeps, webhooks: what every worker consumes
+NOT_FOUND = "404"  # a passive declare's answer for a queue that does not exist (AMQP and
+# kombu's virtual transports alike; the latter give the code as a string)
 _RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
 
 
@@ -63,7 +67,8 @@ class Publisher:
 
     def backlog(self) -> int | None:
         """Messages waiting in the delivery queues (online and background); None if the
-        broker cannot say. A background queue nobody declared yet counts as empty.
+        broker cannot say. A queue that does not exist counts as empty: on Redis that is
+        every empty queue (an empty list is no key), on AMQP one nobody declared yet.
 
         Only asked of Redis and AMQP brokers: the embedded transport would open a new
         connection to its SQLite file on every relay tick, beside the workers' own."""
@@ -72,22 +77,22 @@ class Publisher:
         try:
             with self.app.connection_for_read() as conn:
                 conn.ensure_connection(max_retries=1, interval_start=0, timeout=1)
-                total = _depth(conn, DELIVERY_QUEUE)
-                try:
-                    total += _depth(conn, BACKGROUND_QUEUE)
-                except Exception as exc:  # not declared yet (AMQP: NOT_FOUND)
-                    log.debug("background queue depth unknown: %s", exc)
-                return total
+                return _depth(conn, DELIVERY_QUEUE) + _depth(conn, BACKGROUND_QUEUE)
         except Exception as exc:
             log.debug("delivery queue depth unknown: %s", exc)
             return None
 
 
 def _depth(conn: Any, queue: str) -> int:
-    """One queue's depth on a channel of its own (a refused passive declare closes it)."""
+    """One queue's depth (0 if it does not exist), on a channel of its own: a refused
+    passive declare closes its channel."""
     channel = conn.channel()
     try:
         return int(channel.queue_declare(queue=queue, passive=True).message_count)
+    except ChannelError as exc:
+        if str(getattr(exc, "reply_code", "")) == NOT_FOUND:
+            return 0
+        raise
     finally:
         try:
             channel.close()
