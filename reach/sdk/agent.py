@@ -197,6 +197,11 @@ class Agent:
         # the instance is deregistered on the way out all the same.
         self._register_sent = False
         self._stop = threading.Event()  # heartbeats stop
+        # Joining and leaving the hub take turns: the heartbeat thread re-registers only
+        # under this lock and only while the agent is not leaving, and deregister takes
+        # it too, so no re-registration starts once `close` has begun to leave.
+        self._membership = threading.Lock()
+        self._leaving = False
         self._shutdown = threading.Event()  # `serve` returns
         self._heartbeat_thread: threading.Thread | None = None
         self._server: ThreadingHTTPServer | None = None
@@ -254,7 +259,7 @@ class Agent:
     def heartbeat(self) -> dict[str, Any]:
         """Send one heartbeat now; (re-)register if the hub does not know this instance."""
         if not self._registered:
-            return self.register()
+            return self._rejoin()
         with self._lock:
             body = HeartbeatRequest(
                 agent_id=self.agent_id,
@@ -274,6 +279,15 @@ class Agent:
             return answer
         except UnknownInstance:
             log.warning("hub forgot %s/%s; registering again", self.agent_id, self.instance_id)
+            return self._rejoin()
+
+    def _rejoin(self) -> dict[str, Any]:
+        """Register again, unless the agent is leaving the hub (``close``): a heartbeat
+        the hub answered late must not bring a closed instance back."""
+        with self._membership:
+            if self._leaving:
+                log.info("not registering %s/%s again: closing", self.agent_id, self.instance_id)
+                return {}
             return self.register()
 
     def start_heartbeat(self) -> None:
@@ -293,14 +307,15 @@ class Agent:
             self._heartbeat_thread = None
 
     def deregister(self) -> None:
-        if not (self._registered or self._register_sent):
-            return
-        body = DeregisterRequest(agent_id=self.agent_id, instance_id=self.instance_id)
-        try:
-            self.hub.post("/v1/agents/deregister", body.model_dump(mode="json"))
-        except UnknownInstance:
-            pass
-        self._registered = self._register_sent = False
+        with self._membership:  # after any re-registration under way (see ``_rejoin``)
+            if not (self._registered or self._register_sent):
+                return
+            body = DeregisterRequest(agent_id=self.agent_id, instance_id=self.instance_id)
+            try:
+                self.hub.post("/v1/agents/deregister", body.model_dump(mode="json"))
+            except UnknownInstance:
+                pass
+            self._registered = self._register_sent = False
 
     def _heartbeat_loop(self) -> None:
         interval = self.declaration.heartbeat_interval
@@ -364,6 +379,7 @@ class Agent:
 
     def _join_hub(self) -> None:
         """Register (unless already) and start heartbeats: the server is up elsewhere."""
+        self._leaving = False
         try:
             if not self._registered:
                 self.register()
@@ -374,6 +390,7 @@ class Agent:
 
     def _leave_hub(self) -> None:
         """Stop heartbeating and deregister (the hub being down is not an error here)."""
+        self._leaving = True
         self.stop_heartbeat()
         try:
             self.deregister()
@@ -402,6 +419,7 @@ class Agent:
 
     def close(self) -> None:
         """Stop serving and heartbeating, then deregister this instance."""
+        self._leaving = True
         self._shutdown.set()
         self.stop_heartbeat()
         self._close_server()

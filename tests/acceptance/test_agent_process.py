@@ -214,3 +214,36 @@ def test_killed_agent_goes_offline_after_three_missed_intervals(hub_api: str) ->
     )
     waited = time.monotonic() - killed_at
     assert 0.5 <= waited <= 3.0, f"went offline after {waited:.2f}s, expected ~1.5s (3 x 0.5s)"
+
+
+def test_a_heartbeat_answered_late_does_not_register_a_closing_agent_again(hub_api: str) -> None:
+    """The hub forgot the instance and answers its heartbeat late, after ``close`` began.
+    The heartbeat thread used to register it again: when the late answer and that
+    registration together outlasted close's wait for the thread, close deregistered
+    first and the hub ended up listing a closed instance as online."""
+    with HoldingProxy(hub_api) as proxy:
+        agent = reach.Agent(
+            "late-beat",
+            addr=f"127.0.0.1:{free_port()}",
+            hub=proxy.url,
+            capabilities=[{"type": "x.y"}],
+            heartbeat_interval=0.2,
+            allow_loopback=True,
+        )
+        agent.hub.timeout = (0.5, 2.0)  # close waits 0.5 + 2 + 1 s for the thread
+        agent.start()
+        try:
+            beat = ("POST", "/v1/agents/heartbeat")
+            wait_until(lambda: beat in proxy.seen, timeout=10)
+            # the hub forgets the instance (as after a long partition) and grows slow
+            proxy.delays.update({"/v1/agents/heartbeat": 1.9, "/v1/agents/register": 2.5})
+            forget = {"agent_id": "late-beat", "instance_id": agent.instance_id}
+            assert requests.post(f"{hub_api}/v1/agents/deregister", json=forget, timeout=5).ok
+            mark = len(proxy.seen)
+            wait_until(lambda: beat in proxy.seen[mark:], timeout=10)  # held on its way
+            closing = len(proxy.seen)
+        finally:
+            agent.close()
+        time.sleep(3.5)  # a registration the proxy still held has reached the hub by now
+    assert ("POST", "/v1/agents/register") not in proxy.seen[closing:]
+    assert instances(hub_api, "late-beat") == []

@@ -3,12 +3,15 @@
 It forwards every request to the hub as is; for the held path it gets the hub's answer
 (so the hub has committed whatever the request did) and keeps it from the client until
 ``release()``. That opens, on purpose, the window a busy hub opens by chance: the hub has
-acted, the caller does not know yet.
+acted, the caller does not know yet. ``delays`` opens the other window: a request of
+those paths reaches the hub only that many seconds after it arrived (a slow or congested
+hub), whether or not the caller is still waiting.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import requests
@@ -17,9 +20,12 @@ _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length"
 
 
 class HoldingProxy:
-    def __init__(self, upstream: str, held_path: str) -> None:
+    def __init__(
+        self, upstream: str, held_path: str | None = None, delays: dict[str, float] | None = None
+    ) -> None:
         self.upstream = upstream.rstrip("/")
         self.held_path = held_path
+        self.delays = dict(delays or {})  # path -> seconds before forwarding; may change
         self.arrived = threading.Event()  # the hub has answered a held request
         self._released = threading.Event()
         self.seen: list[tuple[str, str]] = []  # (method, path) in arrival order
@@ -55,6 +61,7 @@ class HoldingProxy:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
                 headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                time.sleep(proxy.delays.get(self.path, 0.0))
                 answer = requests.request(
                     self.command, proxy.upstream + self.path, data=body, headers=headers, timeout=30
                 )
