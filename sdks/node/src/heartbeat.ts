@@ -38,7 +38,12 @@ export function runHeartbeat(data: HeartbeatData, port: Port, inThread = false):
   const post = (path: string, body: unknown): Promise<Response> =>
     fetch(hub + path, { method: "POST", headers, body: JSON.stringify(body), signal: AbortSignal.timeout(timeoutMs) });
 
+  // Set by `stop`: a heartbeat still out when the agent closes may come back "unknown
+  // instance" after the agent deregistered, and must not register it again.
+  let stopped = false;
+
   async function register(): Promise<void> {
+    if (stopped) return;
     const res = await post("/v1/agents/register", declaration);
     const text = await res.text();
     if (res.ok) {
@@ -87,6 +92,7 @@ export function runHeartbeat(data: HeartbeatData, port: Port, inThread = false):
   const timer = setInterval(() => void beat(), interval * 1000);
   if (inThread) timer.unref();
   const stop = (): void => {
+    stopped = true;
     clearInterval(timer);
     port.close();
   };
