@@ -102,7 +102,7 @@ def _make_sqlite_parent(url: str) -> None:
 
 def create_celery(settings: Settings, task_modules: Sequence[str] = TASK_MODULES) -> Celery:
     """The hub's Celery app. Beat passes no task modules: it sends the schedule's tasks by
-    name, and importing them would load the whole hub into it (about 50 MB)."""
+    name, and importing them would load the whole hub into it (about 20 MB)."""
     from beat_schedule import beat_schedule
 
     config = celery_config(settings)
