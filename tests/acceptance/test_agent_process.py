@@ -36,6 +36,18 @@ def instances(hub: str, agent_id: str) -> list[dict[str, Any]]:
     return []
 
 
+def proxied_agent(agent_id: str, proxy: HoldingProxy, heartbeat_interval: float) -> reach.Agent:
+    """An in-process SDK agent that talks to the hub through ``proxy``."""
+    return reach.Agent(
+        agent_id,
+        addr=f"127.0.0.1:{free_port()}",
+        hub=proxy.url,
+        capabilities=[{"type": "x.y"}],
+        heartbeat_interval=heartbeat_interval,
+        allow_loopback=True,
+    )
+
+
 def test_sdk_agent_registers_heartbeats_and_deregisters(
     hub_api: str, store_url: str, tmp_path: Path
 ) -> None:
@@ -130,14 +142,7 @@ def test_a_registration_whose_answer_timed_out_is_deregistered_on_close(hub_api:
     """The hub committed it, the agent never heard: ``close`` deregisters all the same,
     instead of leaving an instance listed online until its heartbeats are missed."""
     with HoldingProxy(hub_api, "/v1/agents/register") as proxy:
-        agent = reach.Agent(
-            "timeout-agent",
-            addr=f"127.0.0.1:{free_port()}",
-            hub=proxy.url,
-            capabilities=[{"type": "x.y"}],
-            heartbeat_interval=60,
-            allow_loopback=True,
-        )
+        agent = proxied_agent("timeout-agent", proxy, heartbeat_interval=60)
         agent.hub.timeout = (3.0, 0.5)
         agent.start()  # the register times out: logged, the heartbeat loop would retry
         try:
@@ -222,14 +227,7 @@ def test_a_heartbeat_answered_late_does_not_register_a_closing_agent_again(hub_a
     registration together outlasted close's wait for the thread, close deregistered
     first and the hub ended up listing a closed instance as online."""
     with HoldingProxy(hub_api) as proxy:
-        agent = reach.Agent(
-            "late-beat",
-            addr=f"127.0.0.1:{free_port()}",
-            hub=proxy.url,
-            capabilities=[{"type": "x.y"}],
-            heartbeat_interval=0.2,
-            allow_loopback=True,
-        )
+        agent = proxied_agent("late-beat", proxy, heartbeat_interval=0.2)
         agent.hub.timeout = (0.5, 2.0)  # close waits 0.5 + 2 + 1 s for the thread
         agent.start()
         try:
