@@ -58,8 +58,9 @@ def side_effect(task_id: str) -> None:
 @agent.route("work.do")
 def work(task_id: str, payload: dict) -> object:
     side_effect(task_id)
-    if args.delay:
-        time.sleep(args.delay)
+    delay = float(payload.get("sleep", args.delay))  # a payload may ask for a slow run
+    if delay:
+        time.sleep(delay)
     if args.mode == "fail":
         raise RuntimeError("transient trouble")
     if args.mode == "business":
