@@ -61,6 +61,15 @@ def parser() -> argparse.ArgumentParser:
         help="a full run of every part, then its table into the README (bench.readme)",
     )
     p.add_argument(
+        "--hub-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        type=_hub_env,
+        help="measure the hubs with this REACH_ setting instead of its default "
+        "(repeatable; not with --readme: the table is measured on the defaults)",
+    )
+    p.add_argument(
         "--cost-rate", type=float, default=None, help="the cost part's open-loop rate, msg/s"
     )
     p.add_argument(
@@ -78,14 +87,25 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _hub_env(text: str) -> tuple[str, str]:
+    """``NAME=VALUE`` for ``--hub-env``: a hub setting (``REACH_...``) and its value."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.startswith("REACH_") or not value:
+        raise argparse.ArgumentTypeError(f"expected REACH_NAME=VALUE, got {text!r}")
+    return name, value
+
+
 def main(argv: list[str] | None = None) -> None:
     # a SIGTERM (a timeout, a CI stop) unwinds like Ctrl-C: every hub and agent the run
     # started is stopped by its finally, not left running on the machine
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     p = parser()
     args = p.parse_args(argv)
-    if args.readme and (args.quick or args.smoke or args.only):
-        p.error("--readme takes the full run of every part: no --quick, --smoke or --only")
+    if args.readme and (args.quick or args.smoke or args.only or args.hub_env):
+        p.error(
+            "--readme takes the full run of every part on the defaults: "
+            "no --quick, --smoke, --only or --hub-env"
+        )
     result = run(args)
     paths = report.write(result, args.out)
     if args.readme:
@@ -101,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     level = "smoke" if args.smoke else "quick" if args.quick else "full"
-    plan = scenarios.Plan(level=level)
+    plan = scenarios.Plan(level=level, hub_env=tuple(args.hub_env))
     # the smoke run leaves out the parts on hubs of their own that only measure scale
     # (each takes a minute even at its smallest; `--smoke --only fleet ...` runs them)
     parts = set(args.only or (set(ALL) - set(OWN_HUB) if level == "smoke" else ALL))
@@ -116,7 +136,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "meta": {
             "command": "python -m bench"
             + ("" if level == "full" else f" --{level}")
-            + (f" --only {' '.join(args.only)}" if args.only else ""),
+            + (f" --only {' '.join(args.only)}" if args.only else "")
+            + "".join(f" --hub-env {name}={value}" for name, value in plan.hub_env),
             "started": started,
             "quick": level != "full",
             "level": level,
@@ -124,6 +145,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "machine": f"{os.cpu_count()} cores, {platform.python_implementation()} "
             f"{platform.python_version()}, everything on one box",
             "worker": f"{args.worker_pool} x{concurrency}",
+            "hub_env": dict(plan.hub_env),
         },
         "scenarios": {},
         "baselines": {},

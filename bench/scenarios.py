@@ -42,6 +42,8 @@ class Plan:
     fault_rate: float = 30.0  # 20 callers at 1.5 requests a second each
     fault_callers: int = 20
     breaker_trial: float = _ROUTER_DEFAULTS.breaker_trial_interval  # the hub's default
+    # hub settings a run measures instead of the defaults (``--hub-env``); never the table's
+    hub_env: tuple[tuple[str, str], ...] = ()
 
     @property
     def two_hop_rate(self) -> float:
@@ -180,9 +182,13 @@ class Plan:
         run puts all its tasks on one agent, past the default bound (1,000 per agent), and
         measures in-flight capacity, not backpressure (the ``backpressure`` part's)."""
         if self.level == "smoke":
-            return {"REACH_ROUTER__BACKOFF_BASE": "0.2", "REACH_ROUTER__BACKOFF_CAP": "1"}
+            return {
+                "REACH_ROUTER__BACKOFF_BASE": "0.2",
+                "REACH_ROUTER__BACKOFF_CAP": "1",
+                **dict(self.hub_env),
+            }
         bound = max(_ROUTER_DEFAULTS.max_queue, 2 * self.inflight_tasks)
-        return {"REACH_ROUTER__MAX_QUEUE": str(bound)}
+        return {"REACH_ROUTER__MAX_QUEUE": str(bound), **dict(self.hub_env)}
 
     @property
     def inflight_tasks(self) -> int:

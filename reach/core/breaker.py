@@ -27,6 +27,14 @@ the window (Hystrix's "request volume threshold"): a handful of failing tasks --
 one caller's retries, the first request after a deploy -- is not evidence that an instance
 is broken, and at low volume a ratio swings from 0 % to 100 % on one answer.
 
+`FailureStreak` is an optional second trigger (``streak``, off by default): that many
+*distinct* tasks failing in a row at the instance, with no success between them and all
+within ``window_s``, open it at once. The ratio rule needs the window's older successes
+outweighed before it opens (about 3 s into an outage at 30 msg/s), and every failure in
+those seconds is retried 1 s later: the failing instance meets about twice its usual
+rate exactly while it is down. A streak of distinct tasks is evidence a handful of one
+caller's retries cannot fake (a task counts once however often it fails).
+
 Two rules serve the tasks that meet a broken instance (issue 14):
 
 * `routable`: a due trial overrides the agent's own "failing" report (reachability rule
@@ -50,6 +58,7 @@ __all__ = [
     "BreakerPolicy",
     "BreakerPolicyError",
     "BreakerState",
+    "FailureStreak",
     "FailureWindow",
     "Transition",
     "counts_as_success",
@@ -74,12 +83,16 @@ def _is_int(value: object) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class BreakerPolicy:
-    """When a breaker opens and how often it tries again; ``min_volume`` 0 disables opening."""
+    """When a breaker opens and how often it tries again; ``min_volume`` 0 disables opening.
+
+    ``streak``: distinct tasks failing in a row that open it at once (`FailureStreak`);
+    0 (the default) leaves the ratio rule alone."""
 
     window_s: int = 10
     failure_ratio: float = 0.5
     min_volume: int = 20
     trial_interval_s: float = 30.0
+    streak: int = 0
 
     def __post_init__(self) -> None:
         if not _is_int(self.window_s) or self.window_s < 1:
@@ -88,6 +101,8 @@ class BreakerPolicy:
             raise BreakerPolicyError(
                 "min_volume", f"must be an integer >= 0, got {self.min_volume!r}"
             )
+        if not _is_int(self.streak) or self.streak < 0:
+            raise BreakerPolicyError("streak", f"must be an integer >= 0, got {self.streak!r}")
         ratio = self.failure_ratio
         if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 <= ratio < 1:
             raise BreakerPolicyError("failure_ratio", f"must be within [0, 1), got {ratio!r}")
@@ -127,11 +142,12 @@ def counts_as_success(outcome: Outcome) -> bool | None:
 
 @dataclass(frozen=True, slots=True)
 class Transition:
-    """The window's verdict: the breaker goes to ``to``, on this evidence."""
+    """The verdict: the breaker goes to ``to``, on this evidence, by this rule."""
 
     to: BreakerState
     failures: int
     total: int
+    rule: str = "window"  # or "streak"
 
 
 def trips(failures: int, total: int, policy: BreakerPolicy) -> Transition | None:
@@ -207,6 +223,10 @@ class FailureWindow:
             self._buckets.clear()
         return transition
 
+    def clear(self) -> None:
+        """Start afresh (another rule opened the breaker on this evidence)."""
+        self._buckets.clear()
+
     def counts(self, now: float) -> tuple[int, int]:
         """(failures, total) within the window as of ``now``."""
         self._slide(math.floor(now))
@@ -219,3 +239,44 @@ class FailureWindow:
 
     def _sums(self) -> tuple[int, int]:
         return sum(b[1] for b in self._buckets), sum(b[2] for b in self._buckets)
+
+
+class FailureStreak:
+    """One instance's current run of failing tasks, as one process saw them.
+
+    A success ends the run; so does time: a failure older than ``policy.window_s`` drops
+    out of it. Each task counts once (its retries are one task failing again). After it
+    says "open" it starts afresh. Kept per process: the first process to see a streak
+    opens the breaker hub-wide, and no count crosses processes (no read, no lag).
+    """
+
+    __slots__ = ("_tasks", "policy")
+
+    def __init__(self, policy: BreakerPolicy) -> None:
+        self.policy = policy
+        self._tasks: dict[str, float] = {}  # task -> its latest failure, oldest first
+
+    def record(self, task_id: str, success: bool, now: float) -> Transition | None:
+        """Count one outcome of ``task_id``; a Transition to OPEN when the streak is long
+        enough."""
+        if success:
+            self._tasks.clear()
+            return None
+        if self.policy.streak < 1 or not self.policy.enabled:
+            return None
+        horizon = now - self.policy.window_s
+        while self._tasks:
+            oldest, at = next(iter(self._tasks.items()))
+            if at > horizon:
+                break
+            del self._tasks[oldest]
+        self._tasks.pop(task_id, None)
+        self._tasks[task_id] = now
+        if len(self._tasks) < self.policy.streak:
+            return None
+        tasks = len(self._tasks)
+        self._tasks.clear()
+        return Transition(BreakerState.OPEN, tasks, tasks, "streak")
+
+    def __len__(self) -> int:
+        return len(self._tasks)

@@ -19,7 +19,11 @@ their own, each leaving an ``instance_events`` row:
   clears the instance's consecutive-failure count (the trial was the success that resets
   it; the agent's next heartbeat says so too).
 
-Each window is keyed by the instance's last opening (``breaker_opened_at``): outcomes
+With ``streak`` set (`reach.core.breaker.FailureStreak`) each process also keeps the
+instance's current run of distinct failing tasks, in memory: the first process whose run
+reaches ``streak`` opens the breaker, without waiting for the window.
+
+Each window (and streak) is keyed by the instance's last opening (``breaker_opened_at``): outcomes
 counted before the breaker last opened -- by any process -- are forgotten, and opening
 is conditional on no opening since the evidence's, so failures seen before an opening
 cannot trip the breaker again once it has closed.
@@ -43,6 +47,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from reach.core.breaker import (
     BreakerPolicy,
     BreakerState,
+    FailureStreak,
     FailureWindow,
     Transition,
     counts_as_success,
@@ -85,6 +90,7 @@ class Breakers:
 
     def __init__(self, maxsize: int = 4096, shared: SharedCounts | None = None) -> None:
         self._windows: LRUCache[str, tuple[float, FailureWindow]] = LRUCache(maxsize=maxsize)
+        self._streaks: LRUCache[str, tuple[float, FailureStreak]] = LRUCache(maxsize=maxsize)
         self._tripped: LRUCache[str, bool] = LRUCache(maxsize=maxsize)
         self._lock = threading.Lock()
         self.shared = shared
@@ -96,13 +102,15 @@ class Breakers:
         now: float,
         policy: BreakerPolicy,
         shared: SharedCounts | None = None,
+        task_id: str | None = None,
     ) -> Transition | None:
-        """Count one outcome; a Transition when the instance's window trips.
+        """Count one outcome (of ``task_id``, for the streak); a Transition when the
+        instance's streak or window trips.
 
         ``shared`` (or the one given at construction) makes the window hub-wide."""
         shared = shared or self.shared
         if shared is not None:
-            return self._record_shared(shared, ticket, success, now, policy)
+            return self._record_shared(shared, ticket, success, now, policy, task_id)
         with self._lock:
             epoch, window = self._windows.get(ticket.instance_id, (0.0, None))
             if ticket.opened_at < epoch:
@@ -110,7 +118,25 @@ class Breakers:
             if window is None or ticket.opened_at > epoch or window.policy != policy:
                 window = FailureWindow(policy)
                 self._windows[ticket.instance_id] = (ticket.opened_at, window)
+            streak = self._streak(ticket, success, now, policy, task_id)
+            if streak is not None:
+                window.clear()
+                return streak
             return window.record(success, now)
+
+    def _streak(
+        self, ticket: Ticket, success: bool, now: float, policy: BreakerPolicy, task_id: str | None
+    ) -> Transition | None:
+        """The instance's streak, fed one outcome (called with the lock held)."""
+        if task_id is None or not policy.streak:
+            return None
+        epoch, streak = self._streaks.get(ticket.instance_id, (0.0, None))
+        if ticket.opened_at < epoch:
+            return None  # routed before the breaker last opened: old evidence
+        if streak is None or ticket.opened_at > epoch or streak.policy != policy:
+            streak = FailureStreak(policy)
+            self._streaks[ticket.instance_id] = (ticket.opened_at, streak)
+        return streak.record(task_id, success, now)
 
     def _record_shared(
         self,
@@ -119,15 +145,23 @@ class Breakers:
         success: bool,
         now: float,
         policy: BreakerPolicy,
+        task_id: str | None,
     ) -> Transition | None:
         key = f"{ticket.instance_id}@{ticket.opened_at!r}"
         shared.add(WINDOW, key + ":all", now)
         if success or not policy.enabled:
+            if success and policy.streak:
+                with self._lock:
+                    self._streak(ticket, True, now, policy, task_id)
             return None  # a success never trips it: judged on failures, which read
         shared.add(WINDOW, key + ":fail", now)
         with self._lock:
             if key in self._tripped:
                 return None  # this evidence opened it already: one transition per run
+            streak = self._streak(ticket, False, now, policy, task_id)
+            if streak is not None:
+                self._tripped[key] = True
+                return streak
         sums = shared.totals(WINDOW, [key + ":all", key + ":fail"], now, policy.window_s)
         total = sums[key + ":all"]
         transition = trips(min(sums[key + ":fail"], total), total, policy)
@@ -139,6 +173,7 @@ class Breakers:
     def forget(self, instance_id: str) -> None:
         with self._lock:
             self._windows.pop(instance_id, None)
+            self._streaks.pop(instance_id, None)
 
     def __len__(self) -> int:
         return len(self._windows)
@@ -194,8 +229,10 @@ def observe(
     now: float,
     policy: BreakerPolicy,
     shared: SharedCounts | None = None,
+    task_id: str | None = None,
 ) -> None:
-    """Feed one agent answer to the instance's breaker; store a transition if there is one.
+    """Feed one agent answer (to ``task_id``'s delivery) to the instance's breaker; store a
+    transition if there is one.
 
     ``shared``: count it in the hub-wide window (`Breakers.record`). A database failure
     while storing it is `HubUnavailable`, never SQLAlchemy's own."""
@@ -215,7 +252,7 @@ def observe(
                 policy.trial_interval_s,
             )
         return
-    transition = breakers.record(ticket, success, now, policy, shared)
+    transition = breakers.record(ticket, success, now, policy, shared, task_id)
     if transition is not None and transition.to is BreakerState.OPEN:
         open_breaker(sessions, ticket, transition, now, policy)
 
@@ -243,6 +280,7 @@ def open_breaker(
         if not opened:
             return False
         detail = {
+            "rule": transition.rule,
             "failures": transition.failures,
             "total": transition.total,
             "window_s": policy.window_s,
@@ -250,6 +288,15 @@ def open_breaker(
         }
         _event(session, ticket, "breaker_open", now, detail)
     metrics.BREAKER_OPEN_TOTAL.labels(ticket.agent_id).inc()
+    if transition.rule == "streak":
+        log.warning(
+            "breaker OPEN for %s/%s: %d distinct tasks failed in a row; next trial in %gs",
+            ticket.agent_id,
+            ticket.instance_id,
+            transition.failures,
+            policy.trial_interval_s,
+        )
+        return True
     log.warning(
         "breaker OPEN for %s/%s: %d of %d answers failed within %ds; next trial in %gs",
         ticket.agent_id,

@@ -101,6 +101,7 @@ class DeliveryPolicy:
                 failure_ratio=r.breaker_failure_ratio,
                 min_volume=r.breaker_min_volume,
                 trial_interval_s=r.breaker_trial_interval,
+                streak=r.breaker_streak,
             ),
             sign_deliveries=settings.security.sign_deliveries,
             issuer=settings.security.issuer,
@@ -268,7 +269,7 @@ def deliver_attempt(
     # an mTLS refusal says nothing of the instance's health (and the task ends anyway)
     if not answer.refused:
         breaker_store.observe(
-            sessions, breakers, dispatch.ticket, outcome, now(), dpolicy.breaker, shared
+            sessions, breakers, dispatch.ticket, outcome, now(), dpolicy.breaker, shared, task_id
         )
     with sessions.begin() as session:
         if outcome is Outcome.SUCCESS:

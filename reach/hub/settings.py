@@ -171,6 +171,12 @@ class RouterSettings(_Section):
     breaker_trial_interval: float = Field(
         30.0, gt=0, le=86400, description="open breaker: one trial request this often"
     )
+    breaker_streak: int = Field(
+        0,
+        ge=0,
+        description="distinct tasks failing in a row (within the window) that open the "
+        "breaker at once, before the ratio would; 0: off",
+    )
     candidate_ttl: float = Field(
         0.5, ge=0, le=10, description="a worker reuses routing candidates this long; 0: never"
     )

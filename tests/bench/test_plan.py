@@ -22,3 +22,29 @@ def test_the_in_flight_run_stays_under_the_queue_bound(level: str) -> None:
     plan = Plan(level=level)
     bound = int(plan.hub_settings.get("REACH_ROUTER__MAX_QUEUE", RouterSettings().max_queue))
     assert bound > plan.inflight_tasks
+
+
+@pytest.mark.parametrize("level", ["smoke", "quick", "full"])
+def test_hub_env_reaches_the_hubs_settings(level: str) -> None:
+    from bench.cli import parser
+
+    args = parser().parse_args(["--hub-env", "REACH_ROUTER__BREAKER_STREAK=10"])
+    plan = Plan(level=level, hub_env=tuple(args.hub_env))
+    assert plan.hub_settings["REACH_ROUTER__BREAKER_STREAK"] == "10"
+    assert "REACH_ROUTER__BREAKER_STREAK" not in Plan(level=level).hub_settings
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--hub-env", "ROUTER__BREAKER_STREAK=10"],  # not a hub setting
+        ["--hub-env", "REACH_ROUTER__BREAKER_STREAK"],  # no value
+        ["--readme", "--hub-env", "REACH_ROUTER__BREAKER_STREAK=10"],  # the table: defaults
+    ],
+)
+def test_hub_env_refuses_what_it_cannot_measure(argv: list[str]) -> None:
+    from bench.cli import main
+
+    with pytest.raises(SystemExit) as caught:
+        main(argv)
+    assert caught.value.code == 2

@@ -57,8 +57,11 @@ def failing() -> Iterator[EnvelopeServer]:
 class Hub:
     """Submit and deliver in-process, as the API and one worker process would."""
 
-    def __init__(self, sessions: sessionmaker[Session], addr: str) -> None:
+    def __init__(
+        self, sessions: sessionmaker[Session], addr: str, dpolicy: DeliveryPolicy = DPOLICY
+    ) -> None:
         self.sessions = sessions
+        self.dpolicy = dpolicy
         self.clock = ManualClock()
         self.breakers = Breakers()
         with sessions.begin() as s:
@@ -93,7 +96,7 @@ class Hub:
             seq,
             now=self.clock.now,
             policy=POLICY,
-            dpolicy=DPOLICY,
+            dpolicy=self.dpolicy,
             transport=AgentTransport(),
             rng=random.Random(1),
             breakers=self.breakers,
@@ -144,7 +147,13 @@ def test_failures_open_the_breaker_and_a_successful_trial_closes_it(
     assert (row.breaker_open_until, row.breaker_opened_at) == (opened_at + 30, opened_at)
     (event,) = hub.breaker_events()
     assert event.kind == "breaker_open"
-    assert event.detail == {"failures": 3, "total": 3, "window_s": 10, "open_until": opened_at + 30}
+    assert event.detail == {
+        "rule": "window",
+        "failures": 3,
+        "total": 3,
+        "window_s": 10,
+        "open_until": opened_at + 30,
+    }
     assert opened_total() == before + 1
     view = registry.instance_view(row, hub.clock.now(), POLICY)
     assert view["breaker"] == "open"
@@ -238,3 +247,50 @@ def test_answers_that_are_not_faults_never_open_it(
         assert hub.breaker_events() == []
     finally:
         server.close()
+
+
+# only the streak can open it here: the ratio rule would need 1,000 answers
+STREAK = DeliveryPolicy.from_settings(
+    Settings.model_validate(
+        {
+            "router": {
+                **SETTINGS.router.model_dump(include={"backoff_base", "read_timeout"}),
+                "max_retry": 10,
+                "breaker_min_volume": 1000,
+                "breaker_streak": 3,
+            }
+        }
+    )
+)
+
+
+def test_a_streak_of_distinct_failing_tasks_opens_it_at_once(
+    sessions: sessionmaker[Session], failing: EnvelopeServer
+) -> None:
+    hub = Hub(sessions, failing.addr, STREAK)
+    # one task failing again and again is one task: its retries open nothing
+    lone = hub.submit()
+    retry = hub.deliver(lone, 1)
+    for _ in range(4):
+        assert retry is not None
+        hub.clock.advance(1)
+        retry = hub.deliver(retry.task_id, retry.attempt_seq)
+    assert failing.calls[lone] == 5 and hub.breaker_events() == []
+
+    # a success ends a run: two more failing tasks, a success, two more, stay closed
+    def fail_new() -> None:
+        assert hub.deliver(hub.submit(), 1) is not None
+
+    fail_new()
+    failing.status = 200
+    assert hub.deliver(hub.submit(), 1) is None
+    failing.status = 503
+    fail_new()
+    fail_new()
+    assert hub.breaker_events() == []
+
+    # the third distinct task failing in a row opens it, far below the ratio's volume
+    fail_new()
+    (event,) = hub.breaker_events()
+    assert event.detail["rule"] == "streak" and event.detail["failures"] == 3
+    assert hub.instance().breaker_open_until == hub.clock.now() + 30

@@ -77,3 +77,26 @@ def test_the_flusher_thread_writes_without_the_caller_and_inside_its_transaction
         wait_until(lambda: reader.total("requests", "agent", 500.0, 10) == 1, 10, what="flush")
     finally:
         counts.close()
+
+
+def test_breaker_streaks_stay_per_process_over_hub_wide_windows(
+    sessions: sessionmaker[Session],
+) -> None:
+    """With shared windows each process still keeps its own streak: two processes seeing
+    two failing tasks each open nothing at a streak of 3; a third in one of them does,
+    and a success it saw ends only its own run."""
+    from reach.core.breaker import BreakerPolicy, BreakerState, Transition
+    from reach.hub.breakers import Breakers, Ticket
+
+    policy = BreakerPolicy(min_volume=1000, streak=3)
+    ticket = Ticket("i-1", "a", 0.0, False)
+    a = Breakers(shared=SharedCounts(sessions, read_ttl=0.0, background=False))
+    b = Breakers(shared=SharedCounts(sessions, read_ttl=0.0, background=False))
+    for proc, task in ((a, "t1"), (b, "t2"), (a, "t3"), (b, "t4")):
+        assert proc.record(ticket, False, 100.0, policy, task_id=task) is None
+    assert b.record(ticket, True, 100.1, policy, task_id="t5") is None  # b's run ends
+    assert b.record(ticket, False, 100.2, policy, task_id="t6") is None
+    opened = a.record(ticket, False, 100.2, policy, task_id="t7")
+    assert opened == Transition(BreakerState.OPEN, 3, 3, "streak")
+    # the evidence that opened it opens nothing again in that process
+    assert a.record(ticket, False, 100.3, policy, task_id="t8") is None
