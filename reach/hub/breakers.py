@@ -23,10 +23,10 @@ With ``streak`` set (`reach.core.breaker.FailureStreak`) each process also keeps
 instance's current run of distinct failing tasks, in memory: the first process whose run
 reaches ``streak`` opens the breaker, without waiting for the window.
 
-Each window (and streak) is keyed by the instance's last opening (``breaker_opened_at``): outcomes
-counted before the breaker last opened -- by any process -- are forgotten, and opening
-is conditional on no opening since the evidence's, so failures seen before an opening
-cannot trip the breaker again once it has closed.
+Each window (and streak) is keyed by the instance's last opening (``breaker_opened_at``):
+outcomes counted before the breaker last opened -- by any process -- are forgotten, and
+opening is conditional on no opening since the evidence's, so failures seen before an
+opening cannot trip the breaker again once it has closed.
 
 Tasks meet an open breaker in two places (issue 14): a transient failure that finds it
 open (`open_until`) and routing that finds nothing but instances held out by breakers
