@@ -37,8 +37,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from cachetools import LRUCache
 from sqlalchemy import CursorResult, func, select, update
@@ -112,12 +113,9 @@ class Breakers:
         if shared is not None:
             return self._record_shared(shared, ticket, success, now, policy, task_id)
         with self._lock:
-            epoch, window = self._windows.get(ticket.instance_id, (0.0, None))
-            if ticket.opened_at < epoch:
+            window = _current(self._windows, ticket, policy, FailureWindow)
+            if window is None:
                 return None  # routed before the breaker last opened: old evidence
-            if window is None or ticket.opened_at > epoch or window.policy != policy:
-                window = FailureWindow(policy)
-                self._windows[ticket.instance_id] = (ticket.opened_at, window)
             streak = self._streak(ticket, success, now, policy, task_id)
             if streak is not None:
                 window.clear()
@@ -130,13 +128,8 @@ class Breakers:
         """The instance's streak, fed one outcome (called with the lock held)."""
         if task_id is None or not policy.streak:
             return None
-        epoch, streak = self._streaks.get(ticket.instance_id, (0.0, None))
-        if ticket.opened_at < epoch:
-            return None  # routed before the breaker last opened: old evidence
-        if streak is None or ticket.opened_at > epoch or streak.policy != policy:
-            streak = FailureStreak(policy)
-            self._streaks[ticket.instance_id] = (ticket.opened_at, streak)
-        return streak.record(task_id, success, now)
+        streak = _current(self._streaks, ticket, policy, FailureStreak)
+        return None if streak is None else streak.record(task_id, success, now)
 
     def _record_shared(
         self,
@@ -177,6 +170,30 @@ class Breakers:
 
     def __len__(self) -> int:
         return len(self._windows)
+
+
+class _Counter(Protocol):
+    policy: BreakerPolicy
+
+
+_C = TypeVar("_C", bound=_Counter)
+
+
+def _current(
+    book: LRUCache[str, tuple[float, _C]],
+    ticket: Ticket,
+    policy: BreakerPolicy,
+    make: Callable[[BreakerPolicy], _C],
+) -> _C | None:
+    """The instance's counter for the ticket's opening: None for evidence from before the
+    breaker last opened; a fresh one after a newer opening or a policy change."""
+    epoch, counter = book.get(ticket.instance_id, (0.0, None))
+    if ticket.opened_at < epoch:
+        return None
+    if counter is None or ticket.opened_at > epoch or counter.policy != policy:
+        counter = make(policy)
+        book[ticket.instance_id] = (ticket.opened_at, counter)
+    return counter
 
 
 def ticket(session: Session, instance_id: str, now: float, policy: BreakerPolicy) -> Ticket | None:
