@@ -27,7 +27,7 @@ the window (Hystrix's "request volume threshold"): a handful of failing tasks --
 one caller's retries, the first request after a deploy -- is not evidence that an instance
 is broken, and at low volume a ratio swings from 0 % to 100 % on one answer.
 
-`FailureStreak` is an optional second trigger (``streak``, off by default): that many
+`FailureStreak` is the second trigger (``streak``, 10 by default; 0 turns it off): that many
 *distinct* tasks failing in a row at the instance, with no success between them and all
 within ``window_s``, open it at once. The ratio rule needs the window's older successes
 outweighed before it opens (about 3 s into an outage at 30 msg/s), and every failure in
@@ -86,13 +86,13 @@ class BreakerPolicy:
     """When a breaker opens and how often it tries again; ``min_volume`` 0 disables opening.
 
     ``streak``: distinct tasks failing in a row that open it at once (`FailureStreak`);
-    0 (the default) leaves the ratio rule alone."""
+    0 leaves the ratio rule alone."""
 
     window_s: int = 10
     failure_ratio: float = 0.5
     min_volume: int = 20
     trial_interval_s: float = 30.0
-    streak: int = 0
+    streak: int = 10
 
     def __post_init__(self) -> None:
         if not _is_int(self.window_s) or self.window_s < 1:

@@ -172,7 +172,7 @@ class RouterSettings(_Section):
         30.0, gt=0, le=86400, description="open breaker: one trial request this often"
     )
     breaker_streak: int = Field(
-        0,
+        10,
         ge=0,
         description="distinct tasks failing in a row (within the window) that open the "
         "breaker at once, before the ratio would; 0: off",

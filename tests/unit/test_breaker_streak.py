@@ -21,9 +21,17 @@ from reach.hub.settings import load_settings
 STREAK3 = BreakerPolicy(min_volume=1000, streak=3)
 
 
-def test_off_by_default() -> None:
-    assert BreakerPolicy().streak == 0
+def test_ten_distinct_failing_tasks_open_it_by_default() -> None:
+    assert BreakerPolicy().streak == 10
+    assert load_settings(environ={}).router.breaker_streak == 10
     streak = FailureStreak(BreakerPolicy())
+    opened = [streak.record(f"t{n}", False, 0.1 * n) for n in range(10)]
+    assert opened[:9] == [None] * 9
+    assert opened[9] == Transition(BreakerState.OPEN, 10, 10, "streak")
+
+
+def test_zero_turns_it_off() -> None:
+    streak = FailureStreak(BreakerPolicy(streak=0))
     assert all(streak.record(f"t{n}", False, 0.0) is None for n in range(100))
 
 
