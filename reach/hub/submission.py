@@ -291,8 +291,9 @@ def _check_target(
     agent, for the approval gate and the queue bound.
 
     One indexed read (`registry.prefilter`: the agents the filter names, never the fleet)
-    of the matching agents with their live instances' breaker state, closed breakers first
-    and at most ``CANDIDATE_LIMIT`` instances; a second, as small, only to explain a refusal.
+    of the matching agents with their instances' status and breaker state (live before
+    offline, closed before open) and at most ``CANDIDATE_LIMIT`` instances; a second, as
+    small, only to explain a refusal.
     """
     flt = route_filter(req)
     agents: dict[str, Any] = {}
@@ -300,7 +301,12 @@ def _check_target(
     # plain rows (a Core statement, built once per filter shape): no ORM objects
     for agent in session.connection().execute(*_targets(flt, method)):
         agents[agent.agent_id] = agent
-        breakers.setdefault(agent.agent_id, []).append(agent.breaker_open_until)
+        held = breakers.setdefault(agent.agent_id, [])
+        # an offline instance (a dead incarnation, kept for a while) takes no work now: it
+        # must not keep a submit from failing fast behind a live one whose breaker is open;
+        # one whose own breaker is open still counts as open
+        if agent.status != InstanceStatus.OFFLINE.value or _is_open(agent.breaker_open_until, now):
+            held.append(agent.breaker_open_until)
     schema_errors: list[str] = []
     matched: list[str] = []
     decls: dict[str, dict[str, Any] | None] = {}
@@ -432,22 +438,30 @@ def _targets_statement(shape: PrefilterShape, limit: int) -> Any:
             agents.c["metadata"].label("meta"),
             agents.c.trust_level,
             instances.c.breaker_open_until,
+            instances.c.status,
         )
         .join(agents, agents.c.agent_id == instances.c.agent_id)
         .where(instances.c.status != InstanceStatus.DEREGISTERED.value)
         .where(*prefilter_conditions(shape))
-        .order_by(instances.c.breaker_open_until.asc().nulls_first(), instances.c.instance_id)
+        # live before offline, closed before open: what may refuse a submit is kept
+        .order_by(
+            (instances.c.status == InstanceStatus.OFFLINE.value).asc(),
+            instances.c.breaker_open_until.asc().nulls_first(),
+            instances.c.instance_id,
+        )
         .limit(limit)
     )
 
 
+def _is_open(until: float | None, now: float) -> bool:
+    return until is not None and breaker_state(until, now) is BreakerState.OPEN
+
+
 def _check_breakers(agent_ids: list[str], rows: list[tuple[str, float | None]], now: float) -> None:
-    """Refuse with CircuitOpen when every registered instance of these agents is open."""
-    open_until = [
-        until
-        for _, until in rows
-        if until is not None and breaker_state(until, now) is BreakerState.OPEN
-    ]
+    """Refuse with CircuitOpen when every instance in ``rows`` is open: the live instances
+    of these agents and the offline ones whose breaker is open. None at all (every
+    instance offline, no breaker open) is not refused: the task waits for one to return."""
+    open_until = [until for _, until in rows if until is not None and _is_open(until, now)]
     if not rows or len(open_until) < len(rows):
         return
     next_trial = min(open_until)

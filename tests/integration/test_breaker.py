@@ -13,8 +13,9 @@ from prometheus_client import REGISTRY
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from reach.core.statuses import InstanceStatus
 from reach.errors import CircuitOpen
-from reach.hub import registry, submission
+from reach.hub import monitoring, registry, submission
 from reach.hub.agent_http import AgentTransport
 from reach.hub.breakers import Breakers, claim_trial
 from reach.hub.clock import ManualClock
@@ -294,3 +295,63 @@ def test_a_streak_of_distinct_failing_tasks_opens_it_at_once(
     (event,) = hub.breaker_events()
     assert event.detail["rule"] == "streak" and event.detail["failures"] == 3
     assert hub.instance().breaker_open_until == hub.clock.now() + 30
+
+
+# a breaker that stays open longer than an instance takes to go offline
+LONG_TRIAL = DeliveryPolicy.from_settings(
+    Settings.model_validate(
+        {"router": {**SETTINGS.router.model_dump(), "breaker_trial_interval": 300}}
+    )
+)
+
+
+def test_an_offline_instance_does_not_keep_a_submit_from_failing_fast(
+    sessions: sessionmaker[Session], engine: Engine, failing: EnvelopeServer
+) -> None:
+    """A dead incarnation of the agent (killed, then restarted elsewhere or not at all)
+    stays registered as offline for a while. It takes no work, so with the live instance's
+    breaker open a submit is refused at once, not accepted to wait behind it. An offline
+    instance whose own breaker is open still counts as open; with every instance offline
+    and no breaker open the submit is accepted (the task waits for one to return)."""
+    hub = Hub(sessions, failing.addr, LONG_TRIAL)
+    with sessions.begin() as s:
+        dead = registry.register(
+            s,
+            RegisterRequest(
+                agent_id="flaky",
+                addr="http://127.0.0.1:9/",
+                allow_loopback=True,
+                capabilities=[{"type": "m"}],
+            ),
+            hub.clock.now(),
+            POLICY,
+        ).instance_id
+    # the dead one misses its heartbeats; the hub's sweep records it offline
+    hub.at(hub.clock.now() + 120)
+    with sessions.begin() as s:
+        monitoring.sweep(s, hub.clock.now(), POLICY)
+    with sessions() as s:
+        row = s.get(InstanceRow, dead)
+        assert row is not None and row.status == InstanceStatus.OFFLINE.value
+    for task in [hub.submit() for _ in range(3)]:
+        assert hub.deliver(task, 1) is not None
+    opened_at = hub.clock.now()
+    assert hub.instance().breaker_open_until == opened_at + 300
+    assert sum(failing.calls.values()) == 3  # the offline instance got nothing
+
+    untouched = snapshot(engine)
+    with pytest.raises(CircuitOpen) as refused:
+        hub.submit()
+    assert refused.value.extra["agents"] == ["flaky"]
+    assert snapshot(engine) == untouched
+
+    # the live one dies too, its breaker still open: refused as before
+    hub.clock.advance(120)
+    with sessions.begin() as s:
+        monitoring.sweep(s, hub.clock.now(), POLICY)
+    assert hub.instance().status == InstanceStatus.OFFLINE.value
+    with pytest.raises(CircuitOpen):
+        hub.submit()
+    # its trial falls due: nothing live and no breaker open, accepted to wait for one
+    hub.clock.set(opened_at + 300)
+    assert hub.submit()
