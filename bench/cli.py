@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from bench import calibrate, cost, fleet, flow, readme, report, scenarios, soak
 from bench import channel as bench_channel
-from bench import cost, fleet, flow, readme, report, scenarios, soak
 from bench import semantic as bench_semantic
 from bench.processes import CELERY_URL, REPO, Hub, flush_redis, spawn
 from bench.stats import Summary, Target, median_row, ratio
@@ -146,6 +146,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"{platform.python_version()}, everything on one box",
             "worker": f"{args.worker_pool} x{concurrency}",
             "hub_env": dict(plan.hub_env),
+            # before any hub starts: the machine's speed, so runs on different boxes compare
+            "calibration": calibrate.calibrate(),
         },
         "scenarios": {},
         "baselines": {},

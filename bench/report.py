@@ -58,9 +58,24 @@ def _spread(row: dict[str, Any], col: str) -> str:
     return f"{value} ({_fmt(lo)}-{_fmt(hi)})"
 
 
+def _calibration(meta: dict[str, Any]) -> list[str]:
+    """The machine's speed (``bench.calibrate``), when the run recorded it."""
+    cal = meta.get("calibration")
+    if not cal:
+        return []
+    load = ", ".join(_fmt(x) for x in cal.get("loadavg") or [])
+    return [
+        "",
+        f"Machine calibration: `{cal['workload']}` took {_fmt(cal['calibration_ms'])} ms of "
+        f"CPU (load average {load} at the start). CPU figures scale with it: to compare "
+        "with another run, divide by the ratio of the two calibrations.",
+    ]
+
+
 def markdown(result: dict[str, Any]) -> str:
     meta = result["meta"]
     lines = [f"Command: `{meta['command']}` — {meta['started']} — {meta['machine']}"]
+    lines += _calibration(meta)
     runs = max((r.get("runs", 1) for r in result["scenarios"].values()), default=1)
     if result["scenarios"]:  # a run of flow-control parts alone has no main table
         lines += [

@@ -74,6 +74,12 @@ def test_every_scenario_and_baseline_is_reported(smoke: dict[str, object]) -> No
     assert "| single_hop |" in str(smoke["_stdout"])
 
 
+def test_the_run_records_the_machines_speed(smoke: dict[str, object]) -> None:
+    calibration = smoke["meta"]["calibration"]  # type: ignore[index]
+    assert calibration["calibration_ms"] > 0
+    assert "Machine calibration:" in str(smoke["_stdout"])
+
+
 def test_cost_per_message_and_the_generators_lag_are_measured(smoke: dict[str, object]) -> None:
     cost = smoke["cost"]
     assert cost["lost"] == 0 and cost["errors"] == 0, cost  # type: ignore[index]
