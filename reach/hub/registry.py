@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
-from typing import Any, Final, cast
+from typing import Any, Final, Protocol, cast
 
 from cachetools import LRUCache
 from sqlalchemy import (
@@ -26,6 +26,7 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.orm import Session
 
 from reach.core import paging
@@ -85,13 +86,18 @@ def register(
         raise refused.error()
 
     declaration = _declaration(req)
-    agent = session.get(AgentRow, req.agent_id, with_for_update=True)
+    conn = session.connection()
+    # a newcomer (the common registration in a growing fleet) is written with prebuilt
+    # statements; only a known agent or instance is loaded into the ORM, which records
+    # what changes (a load and flush cost several times a plain insert)
+    known = conn.execute(_AGENT_EXISTS, {"b_id": req.agent_id}).first() is not None
+    agent = session.get(AgentRow, req.agent_id, with_for_update=True) if known else None
     missed_intervals = policy.reach.missed_intervals
     live = _live_instances(session, req.agent_id, now, missed_intervals) if agent else []
     if agent is None:
-        agent = AgentRow(agent_id=req.agent_id, created_at=now, updated_at=now, **declaration)
-        session.add(agent)
-        session.flush()  # the agent row first: the declaration index refers to it
+        values = {"agent_id": req.agent_id, "created_at": now, "updated_at": now}
+        values |= {_AGENT_KEYS.get(k, k): v for k, v in declaration.items()}
+        conn.execute(_NEW_AGENT, {**values, "max_queue": req.max_queue})
         _index_declaration(session, req.agent_id, declaration, new=True)
     elif _declared(agent) != declaration:
         others = [i for i in live if i.instance_id != req.instance_id]
@@ -106,11 +112,16 @@ def register(
             setattr(agent, key, value)
         agent.updated_at = now
         _index_declaration(session, req.agent_id, declaration)
-    agent.max_queue = req.max_queue  # the latest registration's; the admin override wins
+    if agent is not None:
+        agent.max_queue = req.max_queue  # the latest registration's; the admin override wins
 
     endpoint_url = reachable.url if public is None else endpoint.url
     instance_id = req.instance_id or uuid.uuid4().hex
-    existing = session.get(InstanceRow, instance_id, with_for_update=True)
+    existing = (
+        session.get(InstanceRow, instance_id, with_for_update=True)
+        if req.instance_id and conn.execute(_INSTANCE_EXISTS, {"b_id": instance_id}).first()
+        else None
+    )
     created = existing is None or existing.status == InstanceStatus.DEREGISTERED
     if existing is not None:
         if existing.agent_id != req.agent_id:
@@ -155,10 +166,10 @@ def register(
         row.status = InstanceStatus.ONLINE  # "registered"; the assessment below may refine it
         row.status_changed_at = now
     row.last_heartbeat = now
-    if existing is None:
-        session.add(row)
     reassess(session, row, now, policy)
-    session.flush()
+    if existing is None:  # the row never enters the session: one prebuilt insert
+        conn.execute(_NEW_INSTANCE, _column_values(row))
+    session.flush()  # an existing row's changes, the events reassess recorded
     return RegisterResponse(
         agent_id=req.agent_id,
         instance_id=instance_id,
@@ -634,7 +645,18 @@ def _a2a_view(a2a: dict[str, Any]) -> dict[str, Any]:
     return shown
 
 
-def _facts(row: InstanceRow) -> HeartbeatFacts:
+class _Beating(Protocol):
+    """What liveness reads of an instance: an ORM row or a row of `_AT_ADDRESS`."""
+
+    @property
+    def last_heartbeat(self) -> float: ...
+    @property
+    def heartbeat_interval(self) -> float: ...
+    @property
+    def status(self) -> str: ...
+
+
+def _facts(row: _Beating) -> HeartbeatFacts:
     return HeartbeatFacts(
         last_heartbeat=row.last_heartbeat,
         interval=row.heartbeat_interval,
@@ -676,6 +698,29 @@ def _index_declaration(
         conn.execute(_DECLARE, [{"agent_id": agent_id, "capability": t} for t in types])
 
 
+_AGENTS = cast(Table, AgentRow.__table__)
+_AGENT_KEYS = {p.key: p.columns[0].key for p in sa_inspect(AgentRow).column_attrs}
+_INSTANCE_KEYS = {p.key: p.columns[0].key for p in sa_inspect(InstanceRow).column_attrs}
+# FOR UPDATE: a known agent's row is locked before it is read (a concurrent registration
+# of the same agent waits); a missing one locks nothing, and two newcomers racing meet
+# the primary key (`HubContext.write` retries the loser once, which then finds it)
+_AGENT_EXISTS = (
+    select(_AGENTS.c.agent_id).where(_AGENTS.c.agent_id == bindparam("b_id")).with_for_update()
+)
+_INSTANCE_EXISTS = (
+    select(_INSTANCES_T.c.instance_id)
+    .where(_INSTANCES_T.c.instance_id == bindparam("b_id"))
+    .with_for_update()
+)
+_NEW_AGENT, _NEW_INSTANCE = insert(_AGENTS), insert(_INSTANCES_T)
+
+
+def _column_values(row: InstanceRow) -> dict[str, Any]:
+    """The attributes set on a new (transient) row, by column: what the ORM would insert;
+    the columns left unset take their defaults."""
+    return {_INSTANCE_KEYS[k]: v for k, v in sa_inspect(row).dict.items() if k in _INSTANCE_KEYS}
+
+
 _UNTAG = delete(_TAGS).where(_TAGS.c.agent_id == bindparam("b_agent"))
 _UNDECLARE = delete(_CAPABILITIES).where(_CAPABILITIES.c.agent_id == bindparam("b_agent"))
 _TAG, _DECLARE = insert(_TAGS), insert(_CAPABILITIES)
@@ -708,8 +753,10 @@ def _check_endpoint_owner(
 ) -> None:
     """One live instance per reachable address; a restart of the same agent replaces it.
 
-    Only the instances at that address are read (the endpoint indexes), not the fleet."""
-    rows = session.scalars(_AT_ADDRESS, {"b_url": reachable_url, "b_instance": instance_id}).all()
+    Only the instances at that address are read (the endpoint indexes), not the fleet:
+    the few columns the rule needs, and a replaced one is marked with a plain UPDATE."""
+    conn = session.connection()
+    rows = conn.execute(_AT_ADDRESS, {"b_url": reachable_url, "b_instance": instance_id}).all()
     for other in rows:
         if (other.public_endpoint or other.endpoint) != reachable_url:
             continue
@@ -720,22 +767,35 @@ def _check_endpoint_owner(
                 f"{reachable_url} is already registered by live agent {other.agent_id!r}",
                 fields=["addr"],
             )
-        other.status = InstanceStatus.DEREGISTERED  # same address, new incarnation
-        other.status_changed_at = now
+        # same address, new incarnation
+        conn.execute(_REPLACED, {"b_id": other.instance_id, "b_now": now})
 
 
 # two plain equalities, one index each (an IS NULL branch would read every instance
 # without a public endpoint); the exact address rule is applied by the caller. Built once.
 _AT_ADDRESS = (
-    select(InstanceRow)
+    select(
+        _INSTANCES_T.c.instance_id,
+        _INSTANCES_T.c.agent_id,
+        _INSTANCES_T.c.endpoint,
+        _INSTANCES_T.c.public_endpoint,
+        _INSTANCES_T.c.last_heartbeat,
+        _INSTANCES_T.c.heartbeat_interval,
+        _INSTANCES_T.c.status,
+    )
     .where(
         or_(
-            InstanceRow.public_endpoint == bindparam("b_url"),
-            InstanceRow.endpoint == bindparam("b_url"),
+            _INSTANCES_T.c.public_endpoint == bindparam("b_url"),
+            _INSTANCES_T.c.endpoint == bindparam("b_url"),
         )
     )
-    .where(InstanceRow.instance_id != bindparam("b_instance"))
-    .where(InstanceRow.status.in_([s.value for s in _LIVE]))
+    .where(_INSTANCES_T.c.instance_id != bindparam("b_instance"))
+    .where(_INSTANCES_T.c.status.in_([s.value for s in _LIVE]))
+)
+_REPLACED = (
+    update(_INSTANCES_T)
+    .where(_INSTANCES_T.c.instance_id == bindparam("b_id"))
+    .values(status=InstanceStatus.DEREGISTERED.value, status_changed_at=bindparam("b_now"))
 )
 
 

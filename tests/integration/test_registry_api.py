@@ -95,6 +95,32 @@ def test_reregistering_the_same_instance_is_idempotent(client: TestClient, engin
     assert snapshot(engine) == before
 
 
+def _instance_row(engine: Engine, instance_id: str) -> dict[str, Any]:
+    with engine.connect() as conn:
+        row = conn.execute(select(InstanceRow).where(InstanceRow.instance_id == instance_id))
+        return dict(row.mappings().one())
+
+
+def test_a_newcomer_is_stored_as_the_orm_stores_a_returning_instance(
+    client: TestClient, engine: Engine
+) -> None:
+    # a new agent and instance are written with prebuilt inserts (registry.register); an
+    # instance coming back after deregistering goes through the ORM: same clock, same row
+    assert client.post("/v1/agents/register", json=reg(instance_id="i-1")).status_code == 201
+    fresh = _instance_row(engine, "i-1")
+    assert fresh["probe_status"] == "unknown" and fresh["probe_window"] == []
+    assert fresh["protocol"] == "reach" and fresh["status"] == "online"
+    assert fresh["next_probe_at"] == fresh["registered_at"]  # probed at once
+    ident = {"agent_id": "doc-analyzer-01", "instance_id": "i-1"}
+    assert client.post("/v1/agents/deregister", json=ident).status_code == 200
+    back = client.post("/v1/agents/register", json=reg(instance_id="i-1"))
+    assert back.status_code == 201 and back.json()["created"] is True
+    assert _instance_row(engine, "i-1") == fresh
+    agent = client.get("/api/v1/agents/doc-analyzer-01").json()
+    assert agent["tags"] == ["doc", "gpu"] and agent["trust_level"] == "L2"
+    assert agent["capabilities"][0]["type"] == "task.process"
+
+
 def test_several_instances_under_one_agent(client: TestClient) -> None:
     client.post("/v1/agents/register", json=reg(instance_id="i-1", addr="10.0.0.5:7001"))
     client.post("/v1/agents/register", json=reg(instance_id="i-2", addr="10.0.0.6:7001"))
