@@ -751,7 +751,10 @@ def _check_endpoint_owner(
     now: float,
     missed_intervals: int,
 ) -> None:
-    """One live instance per reachable address; a restart of the same agent replaces it.
+    """One instance per reachable address: a live one of another agent refuses the
+    newcomer; any other there (the same agent restarted, or an instance offline, whose
+    process is gone) is retired, so a dead incarnation does not stay registered beside
+    its successor until retention removes it.
 
     Only the instances at that address are read (the endpoint indexes), not the fleet:
     the few columns the rule needs, and a replaced one is marked with a plain UPDATE."""
@@ -790,7 +793,7 @@ _AT_ADDRESS = (
         )
     )
     .where(_INSTANCES_T.c.instance_id != bindparam("b_instance"))
-    .where(_INSTANCES_T.c.status.in_([s.value for s in _LIVE]))
+    .where(_INSTANCES_T.c.status != InstanceStatus.DEREGISTERED.value)
 )
 _REPLACED = (
     update(_INSTANCES_T)

@@ -443,3 +443,30 @@ def test_restart_at_same_address_replaces_the_old_instance(client: TestClient) -
     assert client.post("/v1/agents/register", json=reg(instance_id="new")).status_code == 201
     (agent,) = client.get("/api/v1/agents").json()["agents"]
     assert [i["instance_id"] for i in agent["instances"]] == ["new"]
+
+
+@pytest.mark.parametrize("agent_id", ["doc-analyzer-01", "someone-else"])
+def test_a_new_incarnation_retires_an_offline_one_at_its_address(
+    client: TestClient, engine: Engine, clock: ManualClock, agent_id: str
+) -> None:
+    # an instance swept offline (its process died), then a new one at the same address:
+    # the same agent restarted, or another agent took the port. Either way the address
+    # has one instance; the dead one is retired, not left registered beside it
+    from reach.hub import monitoring
+    from reach.hub.monitoring import Policy
+    from reach.hub.settings import Settings
+    from reach.hub.storage import session_factory
+
+    client.post("/v1/agents/register", json=reg(instance_id="old", heartbeat_interval=2))
+    clock.advance(6)
+    with session_factory(engine).begin() as s:
+        assert monitoring.sweep(s, clock.now(), Policy.from_settings(Settings())) == ["old"]
+    assert _instance_row(engine, "old")["status"] == "offline"
+    body = reg(
+        agent_id, instance_id="new", **({} if agent_id == "doc-analyzer-01" else {"tags": []})
+    )
+    assert client.post("/v1/agents/register", json=body).status_code == 201
+    old = _instance_row(engine, "old")
+    assert (old["status"], old["status_changed_at"]) == ("deregistered", clock.now())
+    offline = client.get("/api/v1/agents", params={"status": "offline"}).json()["agents"]
+    assert offline == []
