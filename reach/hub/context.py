@@ -59,7 +59,12 @@ class HubContext:
 
     @classmethod
     def from_settings(cls, settings: Settings, clock: Clock | None = None) -> HubContext:
-        engine = create_engine_for(settings.storage.resolved_database_url)
+        storage = settings.storage
+        engine = create_engine_for(
+            storage.resolved_database_url,
+            pool_size=storage.pool_size,
+            max_overflow=storage.max_overflow,
+        )
         return cls(settings=settings, engine=engine, clock=clock or SystemClock())
 
     @cached_property

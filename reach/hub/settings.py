@@ -100,6 +100,12 @@ class StorageSettings(_Section):
     database_url: str | None = None
     broker_url: str | None = None
     result_backend: str | None = None
+    # each process's PostgreSQL connections kept open: the API answers up to 40 requests
+    # at once on its thread pool, and a connection above the pool is opened for one
+    # transaction and closed after it (a PostgreSQL backend started and torn down: more
+    # CPU than the transaction). The overflow is the burst allowance above it.
+    pool_size: int = Field(20, ge=1, le=500)
+    max_overflow: int = Field(10, ge=0, le=500)
 
     @property
     def home_path(self) -> Path:

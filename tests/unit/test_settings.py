@@ -36,6 +36,8 @@ def dig(settings: Settings, dotted: str) -> Any:
         ("storage.database_url", None),
         ("storage.broker_url", None),
         ("storage.result_backend", None),
+        ("storage.pool_size", 20),
+        ("storage.max_overflow", 10),
         ("heartbeat.default_interval", 10.0),
         ("heartbeat.missed_intervals", 3),
         ("probe.interval", 5.0),

@@ -24,6 +24,9 @@ def create_engine_for(url: str, **kwargs: Any) -> Engine:
     """Create an engine; SQLite gets WAL and a busy timeout (API, worker and beat all write)."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
+        # opening a SQLite connection costs little, and ":memory:" takes no overflow
+        kwargs.pop("pool_size", None)
+        kwargs.pop("max_overflow", None)
         database = parsed.database
         if database and database != ":memory:":
             Path(database).parent.mkdir(parents=True, exist_ok=True)
