@@ -119,6 +119,18 @@ def main(argv: list[str] | None = None) -> None:
     )
 
 
+def command_of(args: argparse.Namespace, level: str, hub_env: tuple[tuple[str, str], ...]) -> str:
+    """The command line that reproduces this run, as its report quotes it."""
+    rates = (("cost-rate", args.cost_rate), ("fleet-rate", args.fleet_rate))
+    return (
+        "python -m bench"
+        + ("" if level == "full" else f" --{level}")
+        + (f" --only {' '.join(args.only)}" if args.only else "")
+        + "".join(f" --hub-env {name}={value}" for name, value in hub_env)
+        + "".join(f" --{flag} {value:g}" for flag, value in rates if value is not None)
+    )
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     level = "smoke" if args.smoke else "quick" if args.quick else "full"
     plan = scenarios.Plan(level=level, hub_env=tuple(args.hub_env))
@@ -134,10 +146,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     result: dict[str, Any] = {
         "meta": {
-            "command": "python -m bench"
-            + ("" if level == "full" else f" --{level}")
-            + (f" --only {' '.join(args.only)}" if args.only else "")
-            + "".join(f" --hub-env {name}={value}" for name, value in plan.hub_env),
+            "command": command_of(args, level, plan.hub_env),
             "started": started,
             "quick": level != "full",
             "level": level,

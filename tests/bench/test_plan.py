@@ -48,3 +48,25 @@ def test_hub_env_refuses_what_it_cannot_measure(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as caught:
         main(argv)
     assert caught.value.code == 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "level", "command"),
+    [
+        ([], "full", "python -m bench"),
+        (["--quick", "--only", "cost", "--cost-rate", "50"], "quick",
+         "python -m bench --quick --only cost --cost-rate 50"),
+        (["--only", "fleet", "--fleet-rate", "20", "--hub-env", "REACH_STORAGE__POOL_SIZE=5"],
+         "full",
+         "python -m bench --only fleet --hub-env REACH_STORAGE__POOL_SIZE=5 --fleet-rate 20"),
+    ],
+)  # fmt: skip
+def test_the_report_quotes_the_command_that_reproduces_the_run(
+    argv: list[str], level: str, command: str
+) -> None:
+    # a rate that changes what is measured is part of the command (a fleet part at
+    # 20/s is not the one at the plan's 100/s)
+    from bench.cli import command_of, parser
+
+    args = parser().parse_args(argv)
+    assert command_of(args, level, tuple(args.hub_env)) == command
