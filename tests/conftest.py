@@ -147,6 +147,7 @@ class HubProcess:
     def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
         self.log_path = log
         self._log = log.open("wb")
+        self._terminated = False
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "reach", *args],
             env=env,
@@ -170,9 +171,15 @@ class HubProcess:
         self._log.flush()
         return self.log_path.read_text(errors="replace")
 
+    def terminate(self) -> None:
+        """SIGTERM, once, without waiting (`stop` reaps it)."""
+        if self.proc.poll() is None and not self._terminated:
+            self.proc.terminate()
+            self._terminated = True
+
     def stop(self, timeout: float = 10) -> int:
         if self.proc.poll() is None:
-            self.proc.terminate()
+            self.terminate()
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -298,6 +305,10 @@ def start_stack(
 
 
 def stop_stack(stack: Stack) -> None:
+    """SIGTERM every process first, then reap each: the worker's warm shutdown and the
+    API's graceful one overlap instead of adding up (a stack's teardown took 3 to 10 s)."""
+    for p in stack.procs:
+        p.terminate()
     for p in stack.procs:
         p.stop()
 
