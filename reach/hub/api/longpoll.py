@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -24,6 +24,7 @@ async def long_poll(
     carried: bool = False,
     wake_after: Callable[[dict[str, Any]], int] | None = None,
     reread_within: float | None = None,
+    run: Callable[[Callable[[], dict[str, Any]]], Awaitable[dict[str, Any]]] = run_in_threadpool,
 ) -> dict[str, Any]:
     """Re-read (in a thread: the store is synchronous) when woken or on a timer.
 
@@ -36,12 +37,14 @@ async def long_poll(
     read can change the answer (a broadcast needs its missing answers); notices are
     counted from before each read, so one landing during a read is never lost.
     ``reread_within`` bounds the wait before a forced read (the broadcast's deadline).
+    ``run`` takes each read to a thread (a submit's reads go through the callers' lane,
+    `reach.hub.api.lanes`).
     """
     deadline = time.monotonic() + wait
     if waiters is None or not (keys := list(keys)):
         pause = 0.02
         while True:
-            view = await run_in_threadpool(read)
+            view = await run(read)
             if done(view) or time.monotonic() >= deadline:
                 return view
             await asyncio.sleep(min(pause, max(0.0, deadline - time.monotonic())))
@@ -51,7 +54,7 @@ async def long_poll(
         pause = 0.02
         while True:
             base = len(watch.seen)
-            view = await run_in_threadpool(read)
+            view = await run(read)
             if done(view) or time.monotonic() >= deadline:
                 return view
             needed = max(1, wake_after(view)) if wake_after else 1

@@ -10,7 +10,6 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
-from starlette.concurrency import run_in_threadpool
 
 from reach.core.auth import HUB, Action, Principal, Scope, may_act_for, may_read_task
 from reach.core.priority import queue_for
@@ -28,6 +27,7 @@ from reach.hub import admission, callbacks, deadletters, delivery, loops, submis
 from reach.hub.alerts import BackpressureLog
 from reach.hub.api import links
 from reach.hub.api.auth import not_yours, require
+from reach.hub.api.lanes import CallerLane, caller_tokens
 from reach.hub.api.longpoll import long_poll
 from reach.hub.context import HubContext
 from reach.hub.delivery import Publish
@@ -77,7 +77,7 @@ def task_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
         first_attempt = Publish(task_id, 1, 0.0, queue_for(view.get("priority")))
         if not wait:
             if queued:
-                await run_in_threadpool(ctx.publish_premarked, first_attempt)
+                await intake.lane.run(ctx.publish_premarked, first_attempt)
             return JSONResponse(view, status_code=status)
         published = not queued
         views = iter([view])
@@ -91,7 +91,13 @@ def task_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
             return first if first is not None else _read(ctx, task_id, request, submitter)
 
         final = await long_poll(
-            read, _terminal, wait, waiters=waiters, keys=[task_id], carried=True
+            read,
+            _terminal,
+            wait,
+            waiters=waiters,
+            keys=[task_id],
+            carried=True,
+            run=intake.lane.run,
         )
         return JSONResponse(final, status_code=status)
 
@@ -110,6 +116,7 @@ def task_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
             waiters=waiters,
             keys=[task_id],
             carried=True,
+            run=intake.lane.run,  # a caller's read: never ahead of agents' reports
         )
 
     @router.post("/{task_id}/result", responses={404: {}, 409: {}})
@@ -210,13 +217,14 @@ class Intake:
         self.limits = admission.Limits.of(ctx.settings)
         self.loop_guard = loops.LoopGuard.of(ctx.settings.router, ctx.shared_counts)
         self.refusals = BackpressureLog()
+        self.lane = CallerLane(caller_tokens(ctx.settings.storage.pool_size))
 
     async def accept(
         self, body: SubmitRequest, submitter: Principal
     ) -> tuple[dict[str, Any], bool]:
         ctx = self.ctx
         if body.callback_url:  # SSRF guard, before anything is written (resolves: a thread)
-            await run_in_threadpool(callbacks.check_url, body.callback_url, ctx.settings.callbacks)
+            await self.lane.run(callbacks.check_url, body.callback_url, ctx.settings.callbacks)
 
         def accept() -> tuple[dict[str, Any], bool] | ReachError:
             attempts = 0
@@ -252,7 +260,7 @@ class Intake:
                 guard.counted(ctx.clock.now())  # an agent-pair count, outside the transaction
             return done
 
-        accepted = await run_in_threadpool(accept)
+        accepted = await self.lane.run(accept)
         if isinstance(accepted, ReachError):
             raise accepted
         return accepted
