@@ -32,7 +32,7 @@ from reach.hub.api.routes.listings import listing_router
 from reach.hub.api.routes.matching import match_router
 from reach.hub.api.routes.sessions import session_router
 from reach.hub.api.routes.streams import dag_stream_router, stream_router
-from reach.hub.api.routes.tasks import dead_letter_router, task_router
+from reach.hub.api.routes.tasks import Intake, dead_letter_router, task_router
 from reach.hub.context import HubContext
 from reach.hub.memory import MemoryGauge
 from reach.hub.streams import StreamHub
@@ -102,14 +102,15 @@ def create_app(
     app.include_router(_health_router(ctx))
     app.include_router(_jwks_router(ctx))  # every surface: agents verify with these keys
     if surface in (Surface.ALL, Surface.PUBLIC):
+        intake = Intake(ctx)  # one per app: the task and A2A routes share its callers' lane
         app.include_router(_agent_router(ctx))
         app.include_router(channel_router(ctx, require_auth))  # agents behind NAT
-        app.include_router(task_router(ctx, waiters))
+        app.include_router(task_router(ctx, intake, waiters))
         app.include_router(match_router(ctx))  # semantic capability matching
         app.include_router(broadcast_router(ctx, waiters))
         app.include_router(stream_router(ctx, stream_hub))
         app.include_router(session_router(ctx))
-        app.include_router(a2a_router(ctx, require_auth, waiters, stream_hub))  # hub as A2A
+        app.include_router(a2a_router(ctx, intake, require_auth, waiters, stream_hub))  # A2A
     if surface in (Surface.ALL, Surface.ADMIN):
         app.include_router(_admin_router(ctx))
         app.include_router(_metrics_router(ctx))

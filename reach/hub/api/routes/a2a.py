@@ -32,9 +32,9 @@ CARD = "/.well-known/agent-card.json"
 
 
 def a2a_router(
-    ctx: HubContext, require_auth: bool, waiters: Waiters, stream_hub: StreamHub
+    ctx: HubContext, intake: Intake, require_auth: bool, waiters: Waiters, stream_hub: StreamHub
 ) -> APIRouter:
-    handler = HubRequestHandler(ctx, Intake(ctx), waiters, stream_hub)
+    handler = HubRequestHandler(ctx, intake, waiters, stream_hub)
     dispatcher = JsonRpcDispatcher(
         handler, ContextBuilder(), enable_v0_3_compat=ctx.settings.a2a.v03_compat
     )

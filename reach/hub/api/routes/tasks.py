@@ -44,9 +44,8 @@ ReadsFleet = Depends(require(Action.READ_FLEET))
 Administers = Annotated[Principal, Depends(require(Action.ADMINISTER))]
 
 
-def task_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRouter:
+def task_router(ctx: HubContext, intake: Intake, waiters: Waiters | None = None) -> APIRouter:
     router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
-    intake = Intake(ctx)
 
     @router.post(
         "",
