@@ -150,7 +150,8 @@ class HubProcess:
         self._terminated = False
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "reach", *args],
-            env=env,
+            # faulthandler: `dump_stacks` can show where a process that never came up hangs
+            env={**env, "PYTHONFAULTHANDLER": "1"},
             stdout=self._log,
             stderr=subprocess.STDOUT,
             cwd=REPO,
@@ -170,6 +171,19 @@ class HubProcess:
     def output(self) -> str:
         self._log.flush()
         return self.log_path.read_text(errors="replace")
+
+    def dump_stacks(self) -> str:
+        """SIGABRT a process that is still running (faulthandler writes every thread's stack
+        to its log, then it dies) and return its output: why it never answered."""
+        import signal
+
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGABRT)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+        return self.output()
 
     def terminate(self) -> None:
         """SIGTERM, once, without waiting (`stop` reaps it)."""
@@ -196,7 +210,10 @@ def hub_env(store_url: str, home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def wait_http_ok(url: str, proc: HubProcess | None = None, timeout: float = 30) -> None:
+def wait_http_ok(url: str, proc: HubProcess | None = None, timeout: float = 60) -> None:
+    """Until ``url`` answers 2xx. The minute is for a 2-core box under the whole suite (a hub
+    that starts in 1.5 s alone once gave no output for 30 s); a process that never answers
+    has its stacks dumped into the failure."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.proc.poll() is not None:
@@ -208,7 +225,7 @@ def wait_http_ok(url: str, proc: HubProcess | None = None, timeout: float = 30) 
             pass
         time.sleep(0.1)
     raise AssertionError(
-        f"{url} not healthy after {timeout}s" + (f"\n{proc.output()}" if proc else "")
+        f"{url} not healthy after {timeout}s" + (f"\n{proc.dump_stacks()}" if proc else "")
     )
 
 
