@@ -12,9 +12,17 @@ seconds (one short transaction of upserts). Never the caller's thread: a caller 
 a transaction open (a delivery's claim does), and on SQLite a second writer in the same
 thread would wait for a lock its own thread holds. A reader sees the store's sums
 (cached ``read_ttl`` seconds, read in a read-only transaction that never takes SQLite's
-write lock) plus its own unflushed increments. Another process's latest second may be
-missing from a total: a lag of about a second, which every consumer here tolerates
-(budgets and breakers act on windows of 10 s and more).
+write lock) plus its own increments not yet committed: the buffered ones and those a flush
+is writing. Another process's latest second may be missing from a total: a lag of about a
+second, which every consumer here tolerates (budgets and breakers act on windows of 10 s
+and more). This process's own counts are exact: a loop guard tips on the one reach that
+crosses its threshold.
+
+A flush's commit and a read race: the read's snapshot may or may not hold the rows the
+flush is committing. Each flush moves through writing -> committing -> done (a new
+generation), and a read that overlapped a commit is not trusted: read again (or, after a
+few tries, count the store's sum without the flush's increments -- a decision delayed,
+never one made on doubled evidence) and never cached.
 
 The counts are advisory: a database failure while flushing is logged and the
 increments stay buffered (bounded), never raised into a delivery.
@@ -41,6 +49,7 @@ log = logging.getLogger("reach.hub.shared_counts")
 
 _Bucket = tuple[str, str, int]  # (name, key, second)
 MAX_PENDING = 10_000  # buffered (name, key, second) cells kept through a database outage
+READ_TRIES = 3  # reads of one total that may each overlap a flush's commit
 KEY_MAX = 300  # the ``flow_counts.key`` column
 
 
@@ -79,8 +88,12 @@ class SharedCounts:
         self._read_ttl = read_ttl
         self._keep_s = keep_s
         self._pending: dict[_Bucket, int] = {}
+        self._flushing: dict[_Bucket, int] = {}  # written by the flush in progress
+        self._committing = False  # that flush's rows may be visible to a read
+        self._generation = 0  # flushes ended (committed or failed)
         self._cache: dict[tuple[str, str, int], tuple[float, int]] = {}
         self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
         self._flushed_at = -math.inf
         self._pruned_at = -math.inf
 
@@ -128,7 +141,8 @@ class SharedCounts:
         return self.totals(name, [key], now, window_s)[key[:KEY_MAX]]
 
     def totals(self, name: str, keys: Iterable[str], now: float, window_s: float) -> dict[str, int]:
-        """``total`` for several keys of one name, in at most one read."""
+        """``total`` for several keys of one name, in at most one read (a few when a flush
+        commits meanwhile)."""
         first = window_start(now, window_s)
         wanted = [k[:KEY_MAX] for k in keys]
         stored: dict[str, int] = {}
@@ -140,30 +154,54 @@ class SharedCounts:
                     stored[key] = hit[1]
                 else:
                     missing.append(key)
+        own_unwritten = True  # the stored sums exclude the flush in progress
         if missing:
-            read = self._read(name, missing, first)
-            with self._lock:
-                if len(self._cache) > MAX_PENDING:
-                    self._cache.clear()
-                for key in missing:
-                    stored[key] = read.get(key, 0)
-                    self._cache[(name, key, first)] = (now, stored[key])
-        with self._lock:  # what this process counted and has not written yet
-            # not the increments a flush is writing: a read racing its commit could count
-            # them twice (a breaker opening on half its evidence); missing them for the
-            # flush's few milliseconds only delays a decision
-            for (n, key, second), count in self._pending.items():
-                if n == name and key in stored and second >= first:
-                    stored[key] += count
+            own_unwritten = self._read_missing(name, missing, first, now, stored)
+        with self._lock:  # what this process counted and the store does not hold yet
+            cells = [self._pending, self._flushing] if own_unwritten else [self._pending]
+            for buffered in cells:
+                for (n, key, second), count in buffered.items():
+                    if n == name and key in stored and second >= first:
+                        stored[key] += count
         return stored
+
+    def _read_missing(
+        self, name: str, keys: list[str], first: int, now: float, stored: dict[str, int]
+    ) -> bool:
+        """Read ``keys``' sums into ``stored``; whether they exclude the increments of the
+        flush in progress (True for a read no commit overlapped: then it is cached)."""
+        for _ in range(READ_TRIES):
+            with self._lock:
+                generation, committing = self._generation, self._committing
+            read = self._read(name, keys, first)
+            with self._lock:
+                clean = not committing and not self._committing
+                clean = clean and generation == self._generation
+                if clean and len(self._cache) > MAX_PENDING:
+                    self._cache.clear()
+                for key in keys:
+                    stored[key] = read.get(key, 0)
+                    if clean:
+                        self._cache[(name, key, first)] = (now, stored[key])
+            if clean:
+                return True
+        # still overlapping: the last read may hold the flush's rows; a count delayed
+        # beats a count doubled (a breaker opening on half its evidence)
+        return False
 
     def flush(self, now: float, *, force: bool = False) -> None:
         """Write the buffered increments (when due, or ``force``) in a transaction of
-        their own -- never call it inside another one; a failure keeps them."""
+        their own -- never call it inside another one; a failure keeps them. One flush at
+        a time (the flusher thread and ``close`` may both call it)."""
+        with self._flush_lock:
+            self._flush_serialised(now, force)
+
+    def _flush_serialised(self, now: float, force: bool) -> None:
         with self._lock:
             if not self._pending or (not force and now - self._flushed_at < self._flush_every):
                 return
             pending, self._pending = self._pending, {}
+            self._flushing = pending
             self._flushed_at = now
             prune = now - self._pruned_at >= 60
             if prune:
@@ -174,16 +212,29 @@ class SharedCounts:
                 if prune:
                     horizon = bucket_of(now) - self._keep_s
                     session.execute(delete(FlowCountRow).where(FlowCountRow.bucket < horizon))
-        except SQLAlchemyError as exc:
-            log.warning("flow counts not written (kept for the next flush): %s", exc)
+                with self._lock:  # the commit follows as the block ends
+                    self._committing = True
+        except BaseException as exc:
             with self._lock:
+                self._end_flush()
                 for cell, count in pending.items():
                     if cell in self._pending or len(self._pending) < MAX_PENDING:
                         self._pending[cell] = self._pending.get(cell, 0) + count
+            if not isinstance(exc, SQLAlchemyError):
+                raise
+            log.warning("flow counts not written (kept for the next flush): %s", exc)
             return
         with self._lock:  # a cached stored sum predates these rows: read it afresh
+            self._end_flush()
             flushed = {(name, key) for name, key, _ in pending}
             self._cache = {k: v for k, v in self._cache.items() if (k[0], k[1]) not in flushed}
+
+    def _end_flush(self) -> None:
+        """(Under the lock.) The flush in progress is over: a read that overlapped it
+        sees a new generation."""
+        self._flushing = {}
+        self._committing = False
+        self._generation += 1
 
     def _read(self, name: str, keys: list[str], first: int) -> dict[str, int]:
         try:

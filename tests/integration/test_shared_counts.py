@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 import pytest
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, event, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from reach.hub.shared_counts import SharedCounts, window_start
@@ -100,3 +103,64 @@ def test_breaker_streaks_stay_per_process_over_hub_wide_windows(
     assert opened == Transition(BreakerState.OPEN, 3, 3, "streak")
     # the evidence that opened it opens nothing again in that process
     assert a.record(ticket, False, 100.3, policy, task_id="t8") is None
+
+
+def test_a_total_during_a_flush_counts_its_increments_once(engine: Engine) -> None:
+    """The increments a flush is writing are neither buffered nor stored until it commits:
+    a total read then still holds them (a loop guard's tipping reach must see the whole
+    other way), and a total read after the commit, before the flush is done, does not
+    count them twice."""
+    writes = session_factory(engine)
+    counts = SharedCounts(
+        writes, read_sessions=read_session_factory(engine), read_ttl=60.0, background=False
+    )
+    for i in range(4):
+        counts.add("link", "e>f", 100.0 + i * 0.1)
+    seen: dict[str, int] = {}
+
+    def while_writing(state: Any) -> None:  # the upsert, before it runs
+        seen.setdefault("writing", counts.total("link", "e>f", 100.5, 10))
+
+    def after_commit(session: Session) -> None:  # committed, the flush not yet done
+        seen["committed"] = counts.total("link", "e>f", 100.5, 10)
+
+    event.listen(writes, "do_orm_execute", while_writing)
+    event.listen(writes, "after_commit", after_commit)
+    counts.flush(100.5, force=True)
+    assert seen == {"writing": 4, "committed": 4}
+    assert counts.total("link", "e>f", 100.5, 10) == 4
+    other = SharedCounts(session_factory(engine), read_ttl=0.0, background=False)
+    assert other.total("link", "e>f", 100.5, 10) == 4
+
+
+class _ReadThenFlush(SharedCounts):
+    """A handle whose first read returns only after a flush (another thread's) committed."""
+
+    def _read(self, name: str, keys: list[str], first: int) -> dict[str, int]:
+        got = super()._read(name, keys, first)
+        if not getattr(self, "flushed_once", False):
+            self.flushed_once = True
+            flusher = threading.Thread(
+                target=self.flush, args=(first + 9.5,), kwargs={"force": True}
+            )
+            flusher.start()
+            flusher.join()
+        return got
+
+
+def test_a_read_that_overlaps_a_commit_is_read_again_and_not_cached(engine: Engine) -> None:
+    """A read whose snapshot predates a flush's commit, returning after it: its stale sum
+    must neither be the answer nor be cached over the flush's invalidation (a breaker or a
+    loop guard would then miss the flushed counts for the whole ``read_ttl``)."""
+    counts = _ReadThenFlush(
+        session_factory(engine),
+        read_sessions=read_session_factory(engine),
+        read_ttl=60.0,
+        background=False,
+    )
+    for i in range(5):
+        counts.add("breaker", "i-1:fail", 200.0 + i * 0.1)
+    assert counts.total("breaker", "i-1:fail", 200.5, 10) == 5
+    assert counts.total("breaker", "i-1:fail", 200.6, 10) == 5  # from the cache
+    with session_factory(engine).begin() as s:
+        assert s.scalar(select(func.sum(FlowCountRow.count))) == 5
