@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from bench import calibrate, cost, fleet, flow, readme, report, scenarios, soak
+from bench import calibrate, cost, fleet, flow, micro, readme, report, scenarios, soak
 from bench import channel as bench_channel
 from bench import semantic as bench_semantic
 from bench.processes import CELERY_URL, REPO, Hub, flush_redis, spawn
@@ -165,6 +165,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     log = _progress(t0)
     guard = _guard(result, log)
+    with guard("hot_path"):  # before any hub starts, like the calibration
+        result["meta"]["hot_path"] = micro.measure(micro.META_ROUNDS[level])
+        log("hot_path", result["meta"]["hot_path"]["cpu_ms"])
     try:
         if parts - {
             "tokens",

@@ -72,10 +72,27 @@ def _calibration(meta: dict[str, Any]) -> list[str]:
     ]
 
 
+def _hot_path(meta: dict[str, Any]) -> list[str]:
+    """The hub's own path on this box (``bench.micro``), when the run recorded it."""
+    hot = meta.get("hot_path")
+    if not hot:
+        return []
+    cpu = ", ".join(f"{name} {_fmt(ms)}" for name, ms in hot["cpu_ms"].items())
+    pg = ", ".join(f"{name} {_fmt(ms)}" for name, ms in hot["postgres_cpu_ms"].items())
+    return [
+        "",
+        f"Hot path before any hub started (`{hot['command']}`: one thread's CPU per "
+        f"operation, median, ms): {cpu}; PostgreSQL's CPU per {pg} (mean). The calibration "
+        "above once read as usual while these were 1.3 to 2.3 times their usual values "
+        "(docs/benchmarks.md).",
+    ]
+
+
 def markdown(result: dict[str, Any]) -> str:
     meta = result["meta"]
     lines = [f"Command: `{meta['command']}` — {meta['started']} — {meta['machine']}"]
     lines += _calibration(meta)
+    lines += _hot_path(meta)
     runs = max((r.get("runs", 1) for r in result["scenarios"].values()), default=1)
     if result["scenarios"]:  # a run of flow-control parts alone has no main table
         lines += [

@@ -54,3 +54,18 @@ def test_the_report_says_the_calibration_when_the_run_has_one() -> None:
     }
     text = markdown(result)
     assert "took 79.9 ms of CPU (load average 1.1, 0.6, 0.2 at the start)" in text
+
+
+def test_the_report_says_the_hot_path_when_the_run_has_it() -> None:
+    result = _result()
+    assert "Hot path" not in markdown(result)  # older runs: nothing invented
+    result["meta"]["hot_path"] = {
+        "command": "python -m bench.micro --rounds 150",
+        "rounds": 150,
+        "cpu_ms": {"submit": 2.28, "publish": 0.91, "deliver": 4.66},
+        "postgres_cpu_ms": {"submit": 0.52, "deliver": 1.04},
+        "loadavg": 1.2,
+    }
+    text = markdown(result)
+    assert "(`python -m bench.micro --rounds 150`: one thread's CPU per operation" in text
+    assert "ms): submit 2.3, publish 0.9, deliver 4.7; PostgreSQL's CPU per submit 0.5" in text

@@ -78,6 +78,14 @@ def test_the_run_records_the_machines_speed(smoke: dict[str, object]) -> None:
     calibration = smoke["meta"]["calibration"]  # type: ignore[index]
     assert calibration["calibration_ms"] > 0
     assert "Machine calibration:" in str(smoke["_stdout"])
+    # and the hub's own path on it, which the calibration's pure Python can miss
+    hot = smoke["meta"]["hot_path"]  # type: ignore[index]
+    assert hot["rounds"] == 10
+    assert set(hot["cpu_ms"]) == {"submit", "publish", "deliver", "heartbeat", "register"}
+    assert all(ms > 0 for ms in hot["cpu_ms"].values()), hot
+    assert "Hot path before any hub started (`python -m bench.micro --rounds 10`" in str(
+        smoke["_stdout"]
+    )
 
 
 def test_cost_per_message_and_the_generators_lag_are_measured(smoke: dict[str, object]) -> None:
