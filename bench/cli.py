@@ -20,7 +20,7 @@ from typing import Any
 from bench import calibrate, cost, fleet, flow, micro, readme, report, scenarios, soak
 from bench import channel as bench_channel
 from bench import semantic as bench_semantic
-from bench.processes import CELERY_URL, REPO, Hub, flush_redis, spawn
+from bench.processes import CELERY_URL, REPO, Hub, flush_redis, postgres_settings, spawn
 from bench.stats import Summary, Target, median_row, ratio
 
 ALL = (
@@ -157,6 +157,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "hub_env": dict(plan.hub_env),
             # before any hub starts: the machine's speed, so runs on different boxes compare
             "calibration": calibrate.calibrate(),
+            "postgres": postgres_settings(),  # autovacuum off makes its cost grow in a run
         },
         "scenarios": {},
         "baselines": {},

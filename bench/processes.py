@@ -62,6 +62,25 @@ def fresh_database() -> str:
     return PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{PG_DATABASE}"
 
 
+def postgres_settings() -> dict[str, str]:
+    """The server settings that move PostgreSQL's cost per message in a run: with
+    ``autovacuum`` off, every dead task version a hub leaves stays for the whole run and
+    every submit's queue count walks it (docs/benchmarks.md, "PostgreSQL's doubled share")."""
+    admin = create_engine(PG_ADMIN_URL)
+    try:
+        with admin.connect() as conn:
+            row = conn.execute(
+                text(
+                    "SELECT current_setting('server_version'), current_setting('autovacuum'), "
+                    "current_setting('track_counts'), current_setting('shared_buffers')"
+                )
+            ).one()
+    finally:
+        admin.dispose()
+    keys = ("server_version", "autovacuum", "track_counts", "shared_buffers")
+    return {k: str(v) for k, v in zip(keys, row, strict=True)}
+
+
 def flush_redis(url: str) -> None:
     import redis
 

@@ -142,13 +142,14 @@ def api(
     import uvicorn
 
     from reach.hub.api import HubContext, create_app
-    from reach.hub.storage.engine import database_revision_problem
+    from reach.hub.storage.engine import autovacuum_problem, database_revision_problem
 
     url = settings.storage.resolved_database_url
     problem = database_revision_problem(url)
     if problem:
         err_console.print(f"[red]database not ready:[/red] {problem}")
         raise typer.Exit(2)
+    _warn_upkeep(autovacuum_problem(url))
     ctx = HubContext.from_settings(settings)
     _announce_semantic(ctx)
     bind = host or settings.server.host
@@ -826,6 +827,16 @@ def db_upgrade(revision: Annotated[str, typer.Argument(help="Target revision")] 
     url = settings.storage.resolved_database_url
     upgrade_database(url, revision)
     console.print(f"database at {_redact(url)} upgraded to {revision}")
+    from reach.hub.storage.engine import autovacuum_problem
+
+    _warn_upkeep(autovacuum_problem(url))
+
+
+def _warn_upkeep(problem: str | None) -> None:
+    """A database that will slow the hub down as it runs: said at start, not refused
+    (an operator may vacuum on a schedule of their own)."""
+    if problem:
+        err_console.print(f"[yellow]warning:[/yellow] {problem}", soft_wrap=True)
 
 
 def _redact(url: str) -> str:

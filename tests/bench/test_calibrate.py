@@ -69,3 +69,21 @@ def test_the_report_says_the_hot_path_when_the_run_has_it() -> None:
     text = markdown(result)
     assert "(`python -m bench.micro --rounds 150`: one thread's CPU per operation" in text
     assert "ms): submit 2.3, publish 0.9, deliver 4.7; PostgreSQL's CPU per submit 0.5" in text
+
+
+def test_the_report_says_which_postgresql_and_warns_when_nothing_vacuums() -> None:
+    result = _result()
+    assert "PostgreSQL 1" not in markdown(result)  # older runs: nothing invented
+    pg = {
+        "server_version": "15.20",
+        "autovacuum": "on",
+        "track_counts": "on",
+        "shared_buffers": "128MB",
+    }
+    result["meta"]["postgres"] = pg
+    text = markdown(result)
+    assert "PostgreSQL 15.20: autovacuum on, track_counts on, shared_buffers 128MB." in text
+    assert "Nothing vacuums" not in text
+    for off in ({"autovacuum": "off"}, {"track_counts": "off"}):
+        result["meta"]["postgres"] = {**pg, **off}
+        assert "**Nothing vacuums during this run**" in markdown(result)

@@ -86,6 +86,10 @@ def test_the_run_records_the_machines_speed(smoke: dict[str, object]) -> None:
     assert "Hot path before any hub started (`python -m bench.micro --rounds 10`" in str(
         smoke["_stdout"]
     )
+    # and the PostgreSQL it ran on, read from the server itself
+    pg = smoke["meta"]["postgres"]  # type: ignore[index]
+    assert pg["autovacuum"] in ("on", "off") and pg["server_version"][:1].isdigit(), pg
+    assert f"autovacuum {pg['autovacuum']}, track_counts" in str(smoke["_stdout"])
 
 
 def test_cost_per_message_and_the_generators_lag_are_measured(smoke: dict[str, object]) -> None:

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Engine, inspect
+from sqlalchemy import Engine, inspect, text
 
-from reach.hub.storage.engine import database_revision_problem, downgrade_database, upgrade_database
+from reach.hub.storage.engine import (
+    autovacuum_problem,
+    database_revision_problem,
+    downgrade_database,
+    upgrade_database,
+)
 from reach.hub.storage.models import Base
+from tests.conftest import hub_env
 
 TABLES = {"agents", "instances", "tasks", "task_events", "outbox", "dead_letters"}
 
@@ -84,3 +94,71 @@ def test_0017_drops_the_task_indexes_that_prefix_others(engine: Engine, store_ur
     upgrade_database(store_url)
     assert not prefixes & names()
     assert database_revision_problem(store_url) is None
+
+
+AUTOVACUUM = {
+    "autovacuum_vacuum_scale_factor=0.02",
+    "autovacuum_vacuum_threshold=1000",
+    "autovacuum_analyze_scale_factor=0.02",
+}
+
+
+def _reloptions(engine: Engine, table: str) -> set[str]:
+    if engine.dialect.name != "postgresql":
+        return set()
+    with engine.connect() as conn:
+        row = conn.execute(
+            text("SELECT reloptions FROM pg_class WHERE oid = CAST(:t AS regclass)"), {"t": table}
+        ).one()
+    return set(row[0] or ())
+
+
+def test_0018_tunes_autovacuum_on_the_task_tables(engine: Engine, store_url: str) -> None:
+    """PostgreSQL vacuums tasks and outbox after 2 % of their rows changed; SQLite, which
+    has no autovacuum to tune, migrates through 0018 both ways untouched."""
+    wanted = AUTOVACUUM if engine.dialect.name == "postgresql" else set()
+    for table in ("tasks", "outbox"):
+        assert _reloptions(engine, table) == wanted
+    assert _reloptions(engine, "task_events") == set()  # only the churning tables
+    downgrade_database(store_url, "0017")
+    for table in ("tasks", "outbox"):
+        assert _reloptions(engine, table) == set()
+    upgrade_database(store_url)
+    for table in ("tasks", "outbox"):
+        assert _reloptions(engine, table) == wanted
+    assert database_revision_problem(store_url) is None
+
+
+def test_autovacuum_problem_reports_the_servers_own_setting(engine: Engine, store_url: str) -> None:
+    """The warning `reach api` and `reach db upgrade` print follows what the server says
+    (read here independently), whichever way this machine's PostgreSQL is set."""
+    problem = autovacuum_problem(store_url)
+    if engine.dialect.name != "postgresql":
+        assert problem is None
+        return
+    with engine.connect() as conn:
+        autovacuum = conn.execute(text("SHOW autovacuum")).scalar_one()
+        track_counts = conn.execute(text("SHOW track_counts")).scalar_one()
+    if autovacuum == "on" and track_counts == "on":
+        assert problem is None
+    else:
+        assert problem is not None
+        assert "autovacuum is off" in problem and "docs/operations.md" in problem
+
+
+def test_db_upgrade_warns_when_autovacuum_is_off(
+    engine: Engine, store_url: str, tmp_path: Path
+) -> None:
+    """``reach db upgrade`` says so on stderr, and still migrates (exit 0)."""
+    env = hub_env(store_url, tmp_path, NO_COLOR="1")
+    done = subprocess.run(
+        [sys.executable, "-m", "reach", "db", "upgrade"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    expected = autovacuum_problem(store_url)
+    warned = "autovacuum is off" in done.stderr
+    assert warned == (expected is not None), done.stderr
