@@ -8,7 +8,8 @@ The count is exact across API replicas for a task naming its agent: PostgreSQL t
 transaction-scoped advisory lock on the agent before counting (`pg_advisory_xact_lock`,
 released at commit, after the task row is in), SQLite's write transactions are
 serialised already (``BEGIN IMMEDIATE``, `reach.hub.storage.engine`). It is one indexed
-count (``ix_tasks_agent_status``) of plain rows; the completion rate behind a refusal's
+count of plain rows (``ix_tasks_agent_live``, which holds only live task versions, so a
+finished task adds nothing to walk); the completion rate behind a refusal's
 ``retry_after_ms`` is read only when refusing.
 
 A task routed by tags or capability is assigned its agent at delivery, so until then it
@@ -23,24 +24,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import Table, bindparam, func, select
+from sqlalchemy import ColumnClause, Table, bindparam, func, literal_column, select
 from sqlalchemy.orm import Session
 
 from reach.core import admission as decide
-from reach.core.statuses import LIVE, TERMINAL
+from reach.core.statuses import TERMINAL
 from reach.core.trust import payload_size
 from reach.errors import Backpressure, RequestTooLarge, UnknownAgent
 from reach.hub import audit, metrics
 from reach.hub.settings import Settings
 from reach.hub.storage.engine import advisory_xact_lock
-from reach.hub.storage.models import AgentRow, TaskRow
+from reach.hub.storage.models import LIVE_STATUSES, AgentRow, TaskRow
 
 ENVELOPE_BYTES = 65_536
 """Room in a request body beyond its payload (the task's other fields, a trace, escaping):
 the effective body limit (`body_limit`) never hides the payload cap behind a bare 413."""
 
 _LOCK_SPACE = 0x71756575  # "queu": the first key of the agent-queue advisory locks
-_LIVE = sorted(s.value for s in LIVE)
 _DONE = sorted(s.value for s in TERMINAL)
 
 
@@ -159,9 +159,13 @@ def set_override(
     return {"agent_id": agent_id, "previous": previous, **queue_view(session, agent_id, default)}
 
 
+# the statuses as literals, as ``ix_tasks_agent_live``'s predicate spells them: bound
+# parameters would keep PostgreSQL's generic plan (psycopg prepares a statement on its
+# fifth run) from proving the partial index applies
+_LIVE_SQL: list[ColumnClause[str]] = [literal_column(f"'{s}'") for s in LIVE_STATUSES]
 _DEPTH = (
     select(func.count())
-    .where(TaskRow.agent_id == AgentRow.agent_id, TaskRow.status.in_(_LIVE))
+    .where(TaskRow.agent_id == AgentRow.agent_id, TaskRow.status.in_(_LIVE_SQL))
     .correlate(AgentRow)
     .scalar_subquery()
 )
@@ -175,7 +179,7 @@ _QUEUES_OF = select(
     _AGENTS_T.c.max_queue,
     _AGENTS_T.c.max_queue_override,
     select(func.count())
-    .where(_TASKS_T.c.agent_id == _AGENTS_T.c.agent_id, _TASKS_T.c.status.in_(_LIVE))
+    .where(_TASKS_T.c.agent_id == _AGENTS_T.c.agent_id, _TASKS_T.c.status.in_(_LIVE_SQL))
     .correlate(_AGENTS_T)
     .scalar_subquery()
     .label("depth"),

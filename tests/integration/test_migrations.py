@@ -16,7 +16,7 @@ from reach.hub.storage.engine import (
     downgrade_database,
     upgrade_database,
 )
-from reach.hub.storage.models import Base
+from reach.hub.storage.models import Base, in_schema_of
 from tests.conftest import hub_env
 
 TABLES = {"agents", "instances", "tasks", "task_events", "outbox", "dead_letters"}
@@ -24,7 +24,10 @@ TABLES = {"agents", "instances", "tasks", "task_events", "outbox", "dead_letters
 
 def test_models_match_migrations(engine: Engine) -> None:
     with engine.connect() as conn:
-        diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+        context = MigrationContext.configure(
+            conn, opts={"include_object": in_schema_of(engine.dialect.name)}
+        )
+        diff = compare_metadata(context, Base.metadata)
     assert diff == []
 
 
@@ -162,3 +165,16 @@ def test_db_upgrade_warns_when_autovacuum_is_off(
     expected = autovacuum_problem(store_url)
     warned = "autovacuum is off" in done.stderr
     assert warned == (expected is not None), done.stderr
+
+
+def test_0019_adds_the_live_index_on_postgres_only(engine: Engine, store_url: str) -> None:
+    def present() -> bool:
+        return "ix_tasks_agent_live" in {ix["name"] for ix in inspect(engine).get_indexes("tasks")}
+
+    postgres = engine.dialect.name == "postgresql"
+    assert present() is postgres
+    downgrade_database(store_url, "0018")
+    assert not present()
+    upgrade_database(store_url)
+    assert present() is postgres
+    assert database_revision_problem(store_url) is None

@@ -26,9 +26,28 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from reach.core.statuses import LIVE
+
+LIVE_STATUSES = tuple(sorted(s.value for s in LIVE))
+LIVE_TASK = "status IN (" + ", ".join(f"'{s}'" for s in LIVE_STATUSES) + ")"
+"""A task in delivery's hands, as SQL: the predicate of ``ix_tasks_agent_live``. The
+queue count spells its statuses as the same literals (`reach.hub.admission`): a query
+whose statuses are bound parameters cannot be proven to match it under a generic plan."""
+
 
 class Base(DeclarativeBase):
     pass
+
+
+def in_schema_of(dialect: str) -> Any:
+    """Alembic's ``include_object`` for ``dialect``: leaves out what the models create on
+    other databases only (``info["dialects"]``; autogenerate does not read ``ddl_if``)."""
+
+    def include(obj: Any, _name: Any, _type: str, _reflected: bool, _compare_to: Any) -> bool:
+        dialects = getattr(obj, "info", {}).get("dialects")
+        return dialects is None or dialect in dialects
+
+    return include
 
 
 class AgentRow(Base):
@@ -167,7 +186,16 @@ class TaskRow(Base):
     __tablename__ = "tasks"
     __table_args__ = (
         Index("ix_tasks_status_next_attempt", "status", "next_attempt_at"),
-        Index("ix_tasks_agent_status", "agent_id", "status"),  # an agent's queue depth
+        Index("ix_tasks_agent_status", "agent_id", "status"),  # an agent's tasks by status
+        # an agent's queue depth, on every submit: entries only for live versions (0019).
+        # PostgreSQL only: SQLite removes a changed row's old index entries at once, so
+        # its full index has no dead entries to skip
+        Index(
+            "ix_tasks_agent_live",
+            "agent_id",
+            postgresql_where=text(LIVE_TASK),
+            info={"dialects": {"postgresql"}},  # for autogenerate (`in_schema_of`)
+        ).ddl_if(dialect="postgresql"),
         Index("ix_tasks_session_status", "session_id", "status"),  # a closed session's reaches
         # is online work waiting? (``reach.hub.priority``, asked by background deliveries)
         Index("ix_tasks_priority_status", "priority", "status", "next_attempt_at"),

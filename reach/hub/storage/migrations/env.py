@@ -5,7 +5,7 @@ from __future__ import annotations
 from alembic import context
 
 from reach.hub.storage.engine import create_engine_for
-from reach.hub.storage.models import Base
+from reach.hub.storage.models import Base, in_schema_of
 
 config = context.config
 target_metadata = Base.metadata
@@ -20,6 +20,7 @@ def run_migrations_online() -> None:
             connection=connection,
             target_metadata=target_metadata,
             render_as_batch=connection.dialect.name == "sqlite",
+            include_object=in_schema_of(connection.dialect.name),
         )
         with context.begin_transaction():
             context.run_migrations()
