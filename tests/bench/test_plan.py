@@ -12,9 +12,20 @@ from reach.hub.settings import RouterSettings
 def test_a_fault_caller_waits_past_the_outage_and_two_breaker_trials(level: str) -> None:
     plan = Plan(level=level)
     schedule = (1 + 2 + 4 + 8 + 16) * 1.2
-    assert plan.breaker_trial == RouterSettings().breaker_trial_interval
+    # the trial the hub runs with: the default in the table, shortened only in the smoke run
+    trial = plan.hub_settings.get("REACH_ROUTER__BREAKER_TRIAL_INTERVAL")
+    assert plan.breaker_trial == (
+        float(trial) if trial else RouterSettings().breaker_trial_interval
+    )
+    assert (trial is None) == (level != "smoke")
     assert plan.fault_wait > schedule
     assert plan.fault_wait >= plan.fault_phases[1] + 2 * plan.breaker_trial
+
+
+def test_hub_env_sets_the_trial_the_fault_callers_wait_for() -> None:
+    plan = Plan(level="full", hub_env=(("REACH_ROUTER__BREAKER_TRIAL_INTERVAL", "50"),))
+    assert plan.breaker_trial == 50.0
+    assert plan.fault_wait >= plan.fault_phases[1] + 2 * 50.0
 
 
 @pytest.mark.parametrize("level", ["quick", "full"])
