@@ -31,7 +31,7 @@ from typing import Any
 import psutil
 from sqlalchemy import text
 
-from bench.processes import MockAgent, free_port, fresh_database, redis_db
+from bench.processes import MockAgent, free_port, fresh_database
 
 ROUNDS = 300
 # the rounds of the figures every run writes into its meta (``measure``), by bench level
@@ -88,9 +88,9 @@ def run(rounds: int = ROUNDS) -> dict[str, Any]:
 
     database = fresh_database()
     upgrade_database(database)
-    from bench.processes import REDIS_URL, flush_redis
+    from bench.processes import MICRO_REDIS_URL, flush_redis
 
-    broker = redis_db(REDIS_URL, 10)
+    broker = MICRO_REDIS_URL
     flush_redis(broker)
     ctx = HubContext.from_settings(_settings(database, broker))
     home = Path(tempfile.mkdtemp(prefix="reach-micro-agent-"))

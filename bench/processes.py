@@ -44,6 +44,8 @@ REDIS_URL = redis_db(
 )
 
 CELERY_URL = os.environ.get("BENCH_CELERY_URL") or redis_db(REDIS_URL, 11)
+# bench.micro's broker: its hub-less hot path, flushed before each run
+MICRO_REDIS_URL = redis_db(REDIS_URL, 10)
 
 
 def free_port() -> int:

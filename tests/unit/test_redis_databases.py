@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.processes import CELERY_URL, REDIS_URL, redis_db
+from bench.processes import CELERY_URL, MICRO_REDIS_URL, REDIS_URL
 from tests import conftest
 from tests.install.test_fresh_installs import INSTALL_REDIS_URL
 
@@ -22,7 +22,7 @@ def test_no_worker_shares_a_database_with_a_bench_hub_or_the_install_checks() ->
     taken = {
         _db(REDIS_URL),  # the bench's hub (tests/bench, tests/semantic)
         _db(CELERY_URL),  # its plain Celery baseline
-        _db(redis_db(REDIS_URL, 10)),  # bench.micro
+        _db(MICRO_REDIS_URL),  # bench.micro
         _db(INSTALL_REDIS_URL),  # tests/install
     }
     assert taken.isdisjoint(conftest.WORKER_REDIS_DBS)
