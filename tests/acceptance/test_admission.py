@@ -165,10 +165,12 @@ def cli(stack: Stack, *args: str) -> dict[str, Any]:
     return dict(json.loads(done.stdout))
 
 
-def test_declared_bound_and_admin_override(stack: Stack, slow_agent: Any) -> None:
-    # declared at registration; 20 s a task: the queue must not drain while the CLI calls
-    # below start (each a few seconds on a loaded box)
-    agent = slow_agent("bp-own", 20.0, "--max-queue", "2")
+def test_declared_bound_and_admin_override(stack: Stack, slow_agent: Any, tmp_path: Path) -> None:
+    # declared at registration; every task is held at the agent until the gate opens, so
+    # the queue cannot drain while the CLI calls below start (each a few seconds on a
+    # loaded box); 90 s is only the bound should the test die before opening it
+    gate = tmp_path / "bp-own.gate"
+    agent = slow_agent("bp-own", 90.0, "--max-queue", "2", "--gate", str(gate))
     first = [submit(stack.url, "bp-own", f"bp-own-{n}") for n in range(4)]
     assert [a.status_code for a in first] == [201, 201, 429, 429]
     assert_backpressure(first[2], 2)
@@ -183,11 +185,12 @@ def test_declared_bound_and_admin_override(stack: Stack, slow_agent: Any) -> Non
     cleared = cli(stack, "agents", "queue", "bp-own", "--clear")
     assert (cleared["limit"], cleared["source"], cleared["previous"]) == (2, "declared", 3)
     assert submit(stack.url, "bp-own", "bp-own-7").status_code == 429
-    shown = cli(stack, "agents", "queue", "bp-own")  # seconds later: some may have drained
-    assert (shown["limit"], shown["source"]) == (2, "declared") and shown["depth"] <= 3
+    shown = cli(stack, "agents", "queue", "bp-own")  # all three still held at the agent
+    assert (shown["limit"], shown["source"], shown["depth"]) == (2, "declared", 3)
 
     accepted = ["bp-own-0", "bp-own-1", "bp-own-4"]
     assert stored(stack, "bp-own") == 3
+    gate.touch()
     all_complete(stack, accepted)
     assert sorted(agent.executions()) == accepted
 

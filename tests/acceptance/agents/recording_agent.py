@@ -4,6 +4,10 @@ Modes: ``sync`` answers with the result; ``accept-die`` answers 202 and then exi
 without reporting; ``accept-report`` answers 202 and reports the result a moment later;
 ``fail`` raises (transient, 500); ``business`` answers code 7; ``forward`` sends the
 payload on to ``--forward-to`` from inside the handler and returns that result.
+
+``--gate PATH`` holds every run (after its side effect) until PATH exists, for at most
+``--delay`` seconds: a test keeps tasks in flight exactly as long as it needs them, instead
+of sleeping out a delay long enough for a loaded box.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ parser.add_argument("--heartbeat-interval", type=float, default=0.5)
 parser.add_argument("--forward-to", default="recorder")
 parser.add_argument("--report-after", type=float, default=0.3)
 parser.add_argument("--max-queue", type=int, default=None, help="declared queue bound")
+parser.add_argument("--gate", default=None, help="hold each run until this file exists")
 args = parser.parse_args()
 
 agent = reach.Agent(
@@ -59,7 +64,11 @@ def side_effect(task_id: str) -> None:
 def work(task_id: str, payload: dict) -> object:
     side_effect(task_id)
     delay = float(payload.get("sleep", args.delay))  # a payload may ask for a slow run
-    if delay:
+    if args.gate:
+        held_until = time.monotonic() + delay
+        while not os.path.exists(args.gate) and time.monotonic() < held_until:
+            time.sleep(0.05)
+    elif delay:
         time.sleep(delay)
     if args.mode == "fail":
         raise RuntimeError("transient trouble")
