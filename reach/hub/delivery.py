@@ -889,19 +889,22 @@ def attempt_message(task_id: str, attempt_seq: int, priority: str | None) -> dic
 
 
 def mark_published(session: Session, task_id: str, attempt_seq: int, now: float) -> None:
+    """Confirm a publication: the attempt is marked published and its claim, if a relay
+    held one, is closed."""
     session.execute(
         update(OutboxRow)
         .where(OutboxRow.task_id == task_id, OutboxRow.attempt_seq == attempt_seq)
-        .values(published_at=now)
+        .values(published_at=now, claimed_at=None)
     )
     session.execute(update(TaskRow).where(TaskRow.task_id == task_id).values(last_published_at=now))
 
 
 def unmark_published(session: Session, task_id: str, attempt_seq: int) -> None:
+    """Hand a refused publication back to the relay: unmarked, no claim open."""
     session.execute(
         update(OutboxRow)
         .where(OutboxRow.task_id == task_id, OutboxRow.attempt_seq == attempt_seq)
-        .values(published_at=None)
+        .values(published_at=None, claimed_at=None)
     )
     session.execute(
         update(TaskRow).where(TaskRow.task_id == task_id).values(last_published_at=None)

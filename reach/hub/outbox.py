@@ -6,11 +6,13 @@
   never sent (its worker died) is caught here at its due time.
 * ``unpublished`` — outbox rows whose publication never happened (the API or a worker
   died between commit and publish, or the broker was down): the relay publishes them.
-  Claiming a row marks it (``published_at``) so a concurrent relay leaves it alone; the
-  mark is a claim until ``settle`` confirms it: a refused publish takes it back (the row
-  is the relay's again on its next tick), and a claim that is never confirmed -- the
-  relay died between claim and publish -- lapses after ``claim_lease`` and is claimed
-  again. Neither depends on the overdue net, which is off behind a backlog.
+  Claiming a row marks it (``published_at``) so a concurrent relay leaves it alone, and
+  opens the claim (``claimed_at``) until ``settle`` closes it: a confirmed publish keeps
+  the mark, a refused one takes it back (the row is the relay's again on its next tick),
+  and a claim never settled -- the relay died between claim and publish -- lapses after
+  ``claim_lease`` and is claimed again. Neither depends on the overdue net, which is off
+  behind a backlog. Open claims have a partial index of their own (``ix_outbox_claimed``),
+  so finding the lapsed ones costs the same on a table of a million published rows.
 * ``recover`` — tasks the broker lost or a worker dropped: a pending attempt long overdue
   (its message vanished, e.g. in a Redis restart), a dispatch lease that expired (the
   worker was killed mid-delivery), and the watchdog: an accepted (202) task silent past
@@ -27,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
 from reach.core.priority import BACKGROUND_QUEUE, ONLINE_QUEUE, queue_for
@@ -104,7 +106,8 @@ def unpublished(
 def _claim(rows: Sequence[OutboxRow], now: float) -> list[Publish]:
     out = []
     for row in rows:
-        row.published_at = now  # a claim; ``settle`` confirms it or takes it back
+        row.published_at = now  # marked, so no other net takes it ...
+        row.claimed_at = now  # ... and open until ``settle`` confirms it or takes it back
         out.append(Publish(row.task_id, row.attempt_seq, 0.0, queue_of(row.message)))
     return out
 
@@ -116,29 +119,56 @@ def queue_of(message: Any) -> str:
     return queue if queue in DELIVERY_QUEUES else ONLINE_QUEUE
 
 
-def _lapsed_claims(session: Session, claimed_before: float, limit: int) -> Sequence[OutboxRow]:
-    """Rows a relay claimed and never settled, of attempts that are still waiting.
+def _lapsed_claims(session: Session, claimed_before: float, limit: int) -> list[OutboxRow]:
+    """Rows a relay claimed before ``claimed_before`` and never settled, of attempts that
+    are still waiting; a lapsed claim whose attempt moved on meanwhile (delivered, retried,
+    republished by the overdue net, cancelled) is closed here without publishing.
 
-    Confirming sets the task's ``last_published_at`` to at least the claim's time (so do
-    the submit's optimistic mark and the overdue net); a pending task at this attempt
+    Two reads, neither of which a planner can turn into a scan of the table: the open
+    claims in claim order from their partial index, then their tasks by ``task_id``.
+    Publication sets the task's ``last_published_at`` to at least the claim's time (so
+    do the submit's optimistic mark and the overdue net): a pending task at this attempt
     whose last publication predates the claim was never published.
     """
-    query = (
-        select(OutboxRow)
-        .join(TaskRow, TaskRow.task_id == OutboxRow.task_id)
-        .where(TaskRow.status == TaskStatus.PENDING)
-        .where(TaskRow.attempt_seq == OutboxRow.attempt_seq)
-        .where(OutboxRow.published_at <= claimed_before)
-        .where(
-            TaskRow.last_published_at.is_(None)
-            | (TaskRow.last_published_at < OutboxRow.published_at)
+    if limit <= 0:
+        return []
+    claims = session.scalars(_skip_locked(session, open_claims(claimed_before, limit))).all()
+    if not claims:
+        return []
+    tasks = {
+        t.task_id: t
+        for t in session.scalars(
+            select(TaskRow).where(TaskRow.task_id.in_({c.task_id for c in claims}))
         )
-        .order_by(OutboxRow.id)
+    }
+    waiting = []
+    for claim in claims:
+        task = tasks.get(claim.task_id)
+        if task is not None and _never_published(task, claim):
+            waiting.append(claim)
+        else:
+            claim.claimed_at = None  # the attempt moved on: nothing left to publish
+    return waiting
+
+
+def open_claims(claimed_before: float, limit: int) -> Select[OutboxRow]:
+    """The oldest ``limit`` claims opened before ``claimed_before`` and still open. The
+    comparison implies ``claimed_at IS NOT NULL`` and the order is the index's, so the
+    partial index answers it even under a generic plan."""
+    return (
+        select(OutboxRow)
+        .where(OutboxRow.claimed_at <= claimed_before)
+        .order_by(OutboxRow.claimed_at)
         .limit(limit)
     )
-    if session.get_bind().dialect.name == "postgresql":
-        query = query.with_for_update(of=OutboxRow, skip_locked=True)
-    return session.scalars(query).all()
+
+
+def _never_published(task: TaskRow, claim: OutboxRow) -> bool:
+    return (
+        task.status == TaskStatus.PENDING
+        and task.attempt_seq == claim.attempt_seq
+        and (task.last_published_at is None or task.last_published_at < (claim.claimed_at or 0))
+    )
 
 
 def publish_each(

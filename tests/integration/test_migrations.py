@@ -178,3 +178,44 @@ def test_0019_adds_the_live_index_on_postgres_only(engine: Engine, store_url: st
     upgrade_database(store_url)
     assert present() is postgres
     assert database_revision_problem(store_url) is None
+
+
+def test_0020_carries_open_claims_over_and_indexes_them(engine: Engine, store_url: str) -> None:
+    """A claim open at upgrade time (published, its task still pending at that attempt and
+    not published since) keeps lapsing after 0020; settled publications open none."""
+    downgrade_database(store_url, "0019")
+    rows = {  # task: (status, attempt_seq, last_published_at, outbox published_at)
+        "claimed": ("pending", 1, None, 10.0),
+        "republished-since": ("pending", 1, 12.0, 10.0),
+        "settled": ("pending", 1, 10.0, 10.0),
+        "moved-on": ("pending", 2, None, 10.0),
+        "finished": ("success", 1, None, 10.0),
+        "unpublished": ("pending", 1, None, None),
+    }
+    with engine.begin() as conn:
+        for task_id, (status, seq, last, published) in rows.items():
+            conn.execute(
+                text(
+                    "INSERT INTO tasks (task_id, target, method, payload, status, attempt_seq,"
+                    " created_at, updated_at, last_published_at, trace, redeliveries,"
+                    " priority, timeout_ms) VALUES (:t, '{}', 'm', '{}', :s, :q, 1, 1, :l,"
+                    " '{}', 0, 'normal', 1000)"
+                ),
+                {"t": task_id, "s": status, "q": seq, "l": last},
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO outbox (task_id, agent_id, attempt_seq, message, created_at,"
+                    " available_at, published_at) VALUES (:t, 'a', 1, '{}', 1, 1, :p)"
+                ),
+                {"t": task_id, "p": published},
+            )
+    upgrade_database(store_url)
+    with engine.connect() as conn:
+        claims = dict(conn.execute(text("SELECT task_id, claimed_at FROM outbox")).all())
+    assert claims == {task_id: 10.0 if task_id == "claimed" else None for task_id in rows}
+    assert "ix_outbox_claimed" in {ix["name"] for ix in inspect(engine).get_indexes("outbox")}
+    downgrade_database(store_url, "0019")
+    assert "claimed_at" not in {c["name"] for c in inspect(engine).get_columns("outbox")}
+    upgrade_database(store_url)
+    assert database_revision_problem(store_url) is None

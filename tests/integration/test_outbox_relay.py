@@ -83,6 +83,12 @@ def marks(ctx: HubContext, task_id: str) -> tuple[float | None, float | None]:
     return out, last
 
 
+def claim_of(ctx: HubContext, task_id: str) -> float | None:
+    """When a relay claimed the task's outbox row, while the claim is open."""
+    with ctx.sessions() as s:
+        return s.scalar(select(OutboxRow.claimed_at).where(OutboxRow.task_id == task_id))
+
+
 def queued(broker: PrivateRedis) -> list[str]:
     """Task ids of the delivery messages waiting on the broker."""
     import json
@@ -105,6 +111,7 @@ def test_refused_publish_is_handed_back_and_published_once_the_broker_is_up(
     hub.clock.advance(3)  # past the relay's grace
     result = relay()
     assert marks(hub, task_id) == (None, None)  # not marked published: still the relay's
+    assert claim_of(hub, task_id) is None  # handed back: no claim left open to lapse
     assert result.get("refused") == 1
     broker.start()
     clog(broker)  # the relay does not wait for the queue to drain
@@ -143,13 +150,34 @@ def test_a_claim_never_settled_lapses_and_is_claimed_again(
     with hub.transaction() as s:  # a relay claims the row, then dies before publishing
         claimed = outbox.unpublished(s, hub.clock.now(), grace=2.0)
     assert [p.task_id for p in claimed] == [task_id]
+    assert claim_of(hub, task_id) == hub.clock.now()
     hub.clock.advance(30)
     assert relay()["published"] == 0  # within the claim's lease: maybe still publishing
     hub.clock.advance(31)
     assert relay()["published"] == 1
     assert queued(broker) == [repr([task_id, 1])]
+    assert claim_of(hub, task_id) is None  # confirmed: the claim is closed
     hub.clock.advance(120)
     assert relay()["published"] == 0  # settled: never again
+
+
+def test_a_lapsed_claim_of_an_attempt_that_moved_on_is_closed_not_published(
+    hub: HubContext, broker: PrivateRedis
+) -> None:
+    broker.start()
+    clog(broker)
+    task_id = submit(hub, premarked=False)
+    hub.clock.advance(3)
+    with hub.transaction() as s:  # a relay claims the row, then dies before publishing
+        assert len(outbox.unpublished(s, hub.clock.now(), grace=2.0)) == 1
+    with hub.transaction() as s:  # meanwhile the attempt went out another way and finished
+        task = s.scalar(select(TaskRow).where(TaskRow.task_id == task_id))
+        assert task is not None
+        task.status = "success"
+    hub.clock.advance(61)
+    assert relay()["published"] == 0
+    assert claim_of(hub, task_id) is None  # closed, so the net never reads it again
+    assert queued(broker) == []
 
 
 def test_an_attempt_scheduled_for_later_is_published_when_due_and_not_before(

@@ -34,6 +34,9 @@ LIVE_TASK = "status IN (" + ", ".join(f"'{s}'" for s in LIVE_STATUSES) + ")"
 queue count spells its statuses as the same literals (`reach.hub.admission`): a query
 whose statuses are bound parameters cannot be proven to match it under a generic plan."""
 
+OPEN_CLAIM = "claimed_at IS NOT NULL"
+"""An outbox row a relay claimed and has not settled: the predicate of ``ix_outbox_claimed``."""
+
 
 class Base(DeclarativeBase):
     pass
@@ -264,6 +267,14 @@ class OutboxRow(Base):
     __table_args__ = (
         UniqueConstraint("agent_id", "task_id", "attempt_seq", name="uq_outbox_attempt"),
         Index("ix_outbox_unpublished", "published_at", "created_at"),
+        # the relay's claims not yet settled (0020): entries only while a claim is open,
+        # so the lapsed-claim net reads a handful of rows however large the table grows
+        Index(
+            "ix_outbox_claimed",
+            "claimed_at",
+            postgresql_where=text(OPEN_CLAIM),
+            sqlite_where=text(OPEN_CLAIM),
+        ),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -274,6 +285,8 @@ class OutboxRow(Base):
     created_at: Mapped[float] = mapped_column(Double)
     available_at: Mapped[float] = mapped_column(Double)
     published_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    # when a relay claimed the row, until it settles the claim (confirmed or handed back)
+    claimed_at: Mapped[float | None] = mapped_column(Double, nullable=True)
 
 
 class DeadLetterRow(Base):
