@@ -130,8 +130,6 @@ def _lapsed_claims(session: Session, claimed_before: float, limit: int) -> list[
     do the submit's optimistic mark and the overdue net): a pending task at this attempt
     whose last publication predates the claim was never published.
     """
-    if limit <= 0:
-        return []
     claims = session.scalars(_skip_locked(session, open_claims(claimed_before, limit))).all()
     if not claims:
         return []
