@@ -49,6 +49,11 @@ def _fmt(value: Any) -> str:
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 
+def _limit(value: float) -> str:
+    """A target's limit as the issue states it (1.25 stays 1.25, 300.0 reads 300)."""
+    return f"{value:,g}"
+
+
 def _spread(row: dict[str, Any], col: str) -> str:
     """``value`` and, for a repeated scenario, its range over the runs: ``6.5 (6.1-7.0)``."""
     value = _fmt(row.get(col))
@@ -110,6 +115,13 @@ def _postgres(meta: dict[str, Any]) -> list[str]:
 def markdown(result: dict[str, Any]) -> str:
     meta = result["meta"]
     lines = [f"Command: `{meta['command']}` — {meta['started']} — {meta['machine']}"]
+    if meta.get("rescored"):
+        again = meta["rescored"]
+        lines += [
+            "",
+            f"Targets judged again {again['at']} by the rules of the code then "
+            f"(`{again['command']}`): the measurements are this run's, unchanged.",
+        ]
     lines += _calibration(meta)
     lines += _hot_path(meta)
     lines += _postgres(meta)
@@ -242,7 +254,9 @@ def markdown(result: dict[str, Any]) -> str:
             f"Soak ({_fmt(soak['duration_s'] / 60)} min at {_fmt(soak['rate'])}/s, the flaky "
             f"agent down {_fmt(soak['flap']['down_s'])} s of every "
             f"{_fmt(soak['flap']['period_s'])} s under {_fmt(soak['flap']['rate'])}/s; "
-            f"{soak['lost']} lost; its callers got {soak['flaky_outcomes']}):",
+            f"{soak['lost']} lost; its callers got {soak['flaky_outcomes']}; the farthest "
+            f"window from the first, up or down: p99 {_fmt(soak['p99_drift'])}x, RSS "
+            f"{_fmt(soak['rss_drift'])}x):",
             "",
             "| from s | requests | errors | p50 ms | p99 ms | hub RSS MB |",
             "|---|---|---|---|---|---|",
@@ -270,7 +284,7 @@ def markdown(result: dict[str, Any]) -> str:
         for t in targets:
             sign = "≤" if t["at_most"] else "≥"
             lines.append(
-                f"| {t['name']} | {_fmt(t['value'])} | {sign} {_fmt(t['limit'])} "
+                f"| {t['name']} | {_fmt(t['value'])} | {sign} {_limit(t['limit'])} "
                 f"| {'yes' if t['met'] else '**no**'} |"
             )
     return "\n".join(lines) + "\n"

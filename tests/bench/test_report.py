@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from bench import soak
 from bench.cli import targets
 from bench.report import SCENARIOS, _throughput_change, markdown, write
 
@@ -174,3 +175,64 @@ def test_flow_control_rows_and_targets() -> None:
 )
 def test_table_scale_says_which_way_the_rate_moved(loss_pct: float | None, said: str) -> None:
     assert _throughput_change(loss_pct) == said
+
+
+def _windows(p99s: list[float | None], rss: float = 900.0) -> list[dict[str, Any]]:
+    return [
+        {"from_s": 300.0 * n, "requests": 30000, "errors": 0, "p50_ms": 10.0, "p99_ms": p99,
+         "rss_mb": rss + n}
+        for n, p99 in enumerate(p99s)
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("p99s", "drift"),
+    [
+        ([30.0, 31.0, 29.0, 32.0], 1.067),  # flat: within 10 % either way
+        ([30.0, 45.0], 1.5),  # the p99 grew
+        ([30.0, 20.0], 1.5),  # it fell just as far: not flat either
+        # the run of 2026-12-06 07:03: the first window queued, the rest swung below it and
+        # back; upward only, every window read <= 1 of the first
+        ([12_993.5, 9_170.2, 1_542.0, 1_699.2, 875.9, 12_650.1], 14.834),
+        ([30.0], None),  # nothing to compare with
+        ([None, 30.0], None),  # the first window answered nothing
+        ([30.0, None, 33.0], 1.1),  # a window without answers is left out
+    ],
+)
+def test_the_soak_is_flat_only_within_its_band_both_ways(
+    p99s: list[float | None], drift: float | None
+) -> None:
+    assert soak.drift(_windows(p99s), "p99_ms") == drift
+
+
+def test_a_soak_whose_first_window_queued_is_not_met() -> None:
+    result = _result()
+    result["soak"] = {"windows": _windows([13_000.0, 9_000.0, 900.0, 12_700.0]), "lost": 0}
+    verdicts = {t.name: (t.value, t.met) for t in targets(result)}
+    assert verdicts["soak: p99 of any window against the first, up or down (factor)"] == (
+        14.444,
+        False,
+    )
+    assert verdicts["soak: hub RSS of any window against the first, up or down (factor)"][1] is True
+    assert verdicts["soak: tasks lost"] == (0, True)
+    result["soak"]["windows"] = _windows([30.0, 31.0, 32.0])
+    verdicts = {t.name: (t.value, t.met) for t in targets(result)}
+    assert verdicts["soak: p99 of any window against the first, up or down (factor)"][1] is True
+
+
+def test_a_limit_reads_as_the_issue_states_it() -> None:
+    """The fleet's 1.25 once printed as "≤ 1.2": a value of 1.22 read as over it."""
+    result = _result()
+    result["fleet"] = {
+        "rate": 100.0, "p99_ratio": 1.22, "min_registrations_per_s": 250.0, "max_page_ms": 9.0,
+        "sizes": {"0": {"routing": {"p50_ms": 5.0, "p99_ms": 10.0, "errors": 0},
+                        "registrations_per_s_at_size": 250.0,
+                        "page": {"p50_ms": 4.0, "p99_ms": 9.0}},
+                  "2000": {"routing": {"p50_ms": 5.0, "p99_ms": 12.2, "errors": 0},
+                           "registrations_per_s_at_size": 250.0,
+                           "page": {"p50_ms": 4.0, "p99_ms": 9.0}}},
+    }  # fmt: skip
+    result["targets"] = [t.as_dict() for t in targets(result)]
+    text = markdown(result)
+    assert "idle instances ÷ with none | 1.2 | ≤ 1.25 | yes |" in text
+    assert "| max single-hop throughput, msg/s (p99 ≤ 100 ms) | 240.0 | ≥ 300 | **no** |" in text
