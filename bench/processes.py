@@ -144,6 +144,9 @@ class Hub:
     workers: int = 1  # worker processes (each with its own pool), separate Celery nodes
     api_replicas: int = 1  # more than one: `reach api --reuse-port`, all on one port
     extra_env: dict[str, str] = field(default_factory=dict)
+    worker_loglevel: str = field(
+        default_factory=lambda: os.environ.get("BENCH_WORKER_LOGLEVEL", "WARNING")
+    )
     procs: list[Proc] = field(default_factory=list)
     url: str = ""
     env: dict[str, str] = field(default_factory=dict)
@@ -193,7 +196,7 @@ class Hub:
                         "--pool",
                         self.pool,
                         "--loglevel",
-                        os.environ.get("BENCH_WORKER_LOGLEVEL", "WARNING"),
+                        self.worker_loglevel,
                         f"--hostname=bench{n}@%h",  # separate nodes
                     ],
                     env,

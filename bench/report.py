@@ -49,8 +49,11 @@ def _fmt(value: Any) -> str:
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 
-def _limit(value: float) -> str:
-    """A target's limit as the issue states it (1.25 stays 1.25, 300.0 reads 300)."""
+def _limit(value: float | None) -> str:
+    """A target's limit as the issue states it (1.25 stays 1.25, 300.0 reads 300); one
+    that could not be known (None: the in-flight wall without a measured throughput) "-"."""
+    if not isinstance(value, int | float) or math.isnan(value):
+        return _fmt(value)
     return f"{value:,g}"
 
 

@@ -236,3 +236,7 @@ def test_a_limit_reads_as_the_issue_states_it() -> None:
     text = markdown(result)
     assert "idle instances ÷ with none | 1.2 | ≤ 1.25 | yes |" in text
     assert "| max single-hop throughput, msg/s (p99 ≤ 100 ms) | 240.0 | ≥ 300 | **no** |" in text
+    # a limit that could not be known (no throughput measured): "-", as a value would read
+    result["details"]["inflight2000"]["wall_limit_s"] = float("nan")
+    result["targets"] = [t.as_dict() for t in targets(result)]
+    assert "| in-flight run wall time s | 9.0 | ≤ - | **no** |" in markdown(result)
