@@ -482,8 +482,9 @@ def _tokens(
     """What reach tokens cost: the same single hop with the hub signing every delivery and
     the agent verifying it ("on", the default), and with both off. Each configuration gets
     a fresh hub; they alternate (on, off, on, off ...) so drift of the machine spreads
-    evenly. Reported: the saturated (closed-loop) completed rate and the open-loop p50 and
-    p99 at a rate both sustain."""
+    evenly. Reported: the saturated (closed-loop) completed rate, and at a rate both
+    sustain the open-loop p50 and p99 and each process's CPU per message (what signing
+    and verifying cost apart from the contention of a saturated box)."""
     runs: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
     for round_no in range(plan.token_rounds):
         for mode in ("on", "off"):
@@ -499,17 +500,19 @@ def _tokens(
                 hub.start()
                 bench.agent("echo", verify_tokens=mode == "on")
                 closed = scenarios.closed_loop(bench, plan.token_callers, plan.duration)
-                fixed = scenarios.hub_single(bench, plan.token_rate, plan.duration, name="tok")
+                fixed = cost.per_message(bench, plan.token_rate, plan.duration)
             finally:
                 bench.stop_agents()  # a failed run must not leave agent processes behind
                 hub.stop()
             row = {
                 "saturated_rate": closed.rate,
                 "saturated_errors": closed.errors,
-                "p50_ms": fixed.p50_ms,
-                "p99_ms": fixed.p99_ms,
-                "errors": fixed.errors,
-                "lost": closed.lost + fixed.lost,
+                "p50_ms": fixed["p50_ms"],
+                "p99_ms": fixed["p99_ms"],
+                "errors": fixed["errors"],
+                "lost": closed.lost + fixed["lost"],
+                "cpu_ms_per_msg": fixed["cpu_ms_per_msg"],
+                "total_cpu_ms_per_msg": fixed["total_cpu_ms_per_msg"],
             }
             runs[mode].append(row)
             log(f"tokens {mode} #{round_no + 1}", {**row, "rate": closed.rate})
@@ -531,6 +534,19 @@ def _tokens(
         "p50_off_ms": _r(mean("off", "p50_ms")),
         "p99_on_ms": _r(mean("on", "p99_ms")),
         "p99_off_ms": _r(mean("off", "p99_ms")),
+        "cpu_on_ms": _r(mean("on", "total_cpu_ms_per_msg")),
+        "cpu_off_ms": _r(mean("off", "total_cpu_ms_per_msg")),
+        "cpu_by_role_ms": {
+            mode: {
+                role: _r(
+                    sum(float(r["cpu_ms_per_msg"].get(role) or 0.0) for r in runs[mode])
+                    / len(runs[mode])
+                )
+                for role in runs[mode][0]["cpu_ms_per_msg"]
+            }
+            for mode in ("on", "off")
+            if runs[mode]
+        },
     }
 
 

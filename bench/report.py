@@ -247,6 +247,7 @@ def markdown(result: dict[str, Any]) -> str:
                 for mode in ("on", "off")
             ),
         ]
+        lines += _token_cpu(tokens)
     lines += bench_semantic.lines(result)
     lines += flow_lines(result.get("flow") or {})
     lines += scale_lines(result)
@@ -291,6 +292,22 @@ def markdown(result: dict[str, Any]) -> str:
                 f"| {'yes' if t['met'] else '**no**'} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def _token_cpu(tokens: dict[str, Any]) -> list[str]:
+    """CPU per message at the open loop's rate, on and off (runs before it have none)."""
+    by_role = tokens.get("cpu_by_role_ms") or {}
+    if tokens.get("cpu_on_ms") is None or not {"on", "off"} <= set(by_role):
+        return []
+    roles = ", ".join(
+        f"{role} {_fmt(by_role['on'][role])} / {_fmt(by_role['off'].get(role))}"
+        for role in by_role["on"]
+    )
+    return [
+        "",
+        f"CPU per message at {_fmt(tokens['rate'])}/s, all processes (on / off): "
+        f"{_fmt(tokens['cpu_on_ms'])} / {_fmt(tokens['cpu_off_ms'])} ms; by process: {roles}.",
+    ]
 
 
 def scale_lines(result: dict[str, Any]) -> list[str]:

@@ -240,3 +240,36 @@ def test_a_limit_reads_as_the_issue_states_it() -> None:
     result["details"]["inflight2000"]["wall_limit_s"] = float("nan")
     result["targets"] = [t.as_dict() for t in targets(result)]
     assert "| in-flight run wall time s | 9.0 | ≤ - | **no** |" in markdown(result)
+
+
+def _tokens(with_cpu: bool) -> dict[str, Any]:
+    run = {"saturated_rate": 100.0}
+    out: dict[str, Any] = {
+        "rounds": 1, "callers": 32, "rate": 50.0, "runs": {"on": [run], "off": [run]},
+        "saturated_on": 90.0, "saturated_off": 100.0, "throughput_cost_pct": 10.0,
+        "p50_on_ms": 12.0, "p50_off_ms": 11.0, "p99_on_ms": 30.0, "p99_off_ms": 28.0,
+    }  # fmt: skip
+    if with_cpu:
+        out.update(
+            cpu_on_ms=19.3,
+            cpu_off_ms=19.0,
+            cpu_by_role_ms={
+                "on": {"worker": 7.8, "agent": 0.97},
+                "off": {"worker": 7.6, "agent": 0.6},
+            },
+        )
+    return out
+
+
+def test_the_tokens_part_says_what_a_message_costs_on_and_off() -> None:
+    result = _result()
+    result["tokens"] = _tokens(with_cpu=True)
+    assert (
+        "CPU per message at 50.0/s, all processes (on / off): 19.3 / 19.0 ms; by process: "
+        "worker 7.8 / 7.6, agent 1.0 / 0.6." in markdown(result)
+    )
+    # a run from before the part measured CPU reads as it did
+    result["tokens"] = _tokens(with_cpu=False)
+    text = markdown(result)
+    assert "Each run's saturated rate (on / off): 100.0 / 100.0" in text
+    assert "CPU per message at" not in text
