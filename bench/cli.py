@@ -536,17 +536,15 @@ def _tokens(
         "p99_off_ms": _r(mean("off", "p99_ms")),
         "cpu_on_ms": _r(mean("on", "total_cpu_ms_per_msg")),
         "cpu_off_ms": _r(mean("off", "total_cpu_ms_per_msg")),
-        "cpu_by_role_ms": {
-            mode: {
-                role: _r(
-                    sum(float(r["cpu_ms_per_msg"].get(role) or 0.0) for r in runs[mode])
-                    / len(runs[mode])
-                )
-                for role in runs[mode][0]["cpu_ms_per_msg"]
-            }
-            for mode in ("on", "off")
-            if runs[mode]
-        },
+        "cpu_by_role_ms": {mode: _role_means(rows) for mode, rows in runs.items() if rows},
+    }
+
+
+def _role_means(rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Each process's CPU per message (``cpu_ms_per_msg``), the mean over the runs."""
+    return {
+        role: _r(sum(float(r["cpu_ms_per_msg"].get(role) or 0.0) for r in rows) / len(rows))
+        for role in rows[0]["cpu_ms_per_msg"]
     }
 
 

@@ -31,7 +31,7 @@ import re
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,23 +101,35 @@ def received_times(log: str) -> list[float]:
     return out
 
 
+def _one_at_a_time(
+    call: Callable[[int], object], calls: int, warm_up: int, pause_s: float
+) -> list[tuple[float, float]]:
+    """Make ``warm_up + calls`` calls one after another, ``pause_s`` apart; each measured
+    call's (sent, answered), seconds since the epoch (the hub's own clock reads the same)."""
+    out = []
+    for n in range(warm_up + calls):
+        sent = time.time()
+        call(n)
+        if n >= warm_up:
+            out.append((sent, time.time()))
+        time.sleep(pause_s)
+    return out
+
+
 def measure(calls: int, pause_s: float = 0.02, warm_up: int = 50) -> dict[str, Any]:
     """Start a hub and an echo agent, make the calls, read their moments back."""
     home = Path(tempfile.mkdtemp(prefix="reach-hop-"))
     hub = Hub(home, worker_concurrency=4, worker_loglevel="INFO")
     bench = scenarios.Bench(hub, home, scenarios.Plan(level="full"))
-    sent: list[tuple[str, float, float]] = []
     try:
         hub.start()
         bench.agent("echo")
-        for n in range(warm_up + calls):
-            task_id = f"hop-{n}"
+
+        def call(n: int) -> None:
             body = {"agent_id": "echo", "method": "bench.echo", "payload": {"n": n}}
-            t0 = time.time()
-            clients.hub_call(hub.url, {**body, "task_id": task_id})
-            if n >= warm_up:
-                sent.append((task_id, t0, time.time()))
-            time.sleep(pause_s)
+            clients.hub_call(hub.url, {**body, "task_id": f"hop-{n}"})
+
+        timed = _one_at_a_time(call, calls, warm_up, pause_s)
         engine = create_engine(hub.env["REACH_DATABASE_URL"])
         try:
             with engine.connect() as conn:
@@ -143,8 +155,8 @@ def measure(calls: int, pause_s: float = 0.02, warm_up: int = 50) -> dict[str, A
             f"the worker logged {len(received)} deliveries for {warm_up + calls} calls"
         )
     marks = []
-    for (task_id, t0, t1), got in zip(sent, received[warm_up:], strict=True):
-        created, finished, claimed = stored[task_id]
+    for n, ((t0, t1), got) in enumerate(zip(timed, received[warm_up:], strict=True)):
+        created, finished, claimed = stored[f"hop-{warm_up + n}"]
         marks.append(Marks(t0, created, got, claimed, finished, t1))
     return {
         "calls": calls,
@@ -166,14 +178,11 @@ def _baselines(home: Path, calls: int, pause_s: float, warm_up: int) -> dict[str
     try:
         (echo,) = alone.agent("echo")
 
-        def sequential(name: str, call: Any) -> None:
-            took = []
-            for n in range(warm_up + calls):
-                t0 = time.perf_counter()
-                call(echo.url, f"{name}-{n}", {"n": n})
-                if n >= warm_up:
-                    took.append(1000 * (time.perf_counter() - t0))
-                time.sleep(pause_s)
+        def sequential(name: str, call: Callable[[str, str, dict[str, Any]], object]) -> None:
+            timed = _one_at_a_time(
+                lambda n: call(echo.url, f"{name}-{n}", {"n": n}), calls, warm_up, pause_s
+            )
+            took = [1000 * (t1 - t0) for t0, t1 in timed]
             out[name] = {
                 "p50_ms": round(statistics.median(took), 2),
                 "mean_ms": round(statistics.fmean(took), 2),

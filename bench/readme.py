@@ -58,8 +58,7 @@ def rescore(results: Path = RESULTS, readme: Path = README, now: dt.datetime | N
     dated copy stays as the run wrote it."""
     from bench import cli, report, soak  # cli imports this module
 
-    path = results / "latest.json"
-    result: dict[str, Any] = json.loads(path.read_text())
+    result: dict[str, Any] = json.loads((results / "latest.json").read_text())
     _full_run(result["meta"])
     if result.get("soak"):  # the figures the soak's targets are judged on
         for key, column in (("p99_drift", "p99_ms"), ("rss_drift", "rss_mb")):
@@ -67,8 +66,7 @@ def rescore(results: Path = RESULTS, readme: Path = README, now: dt.datetime | N
     result["targets"] = [t.as_dict() for t in cli.targets(result)]
     at = (now or dt.datetime.now(dt.UTC)).replace(microsecond=0).isoformat()
     result["meta"]["rescored"] = {"at": at, "command": "python -m bench.readme --rescore"}
-    path.write_text(json.dumps(result, indent=2, sort_keys=False) + "\n")
-    (results / "latest.md").write_text(report.markdown(result))
+    report.write_latest(result, results)
     update(results, readme)
 
 

@@ -32,13 +32,22 @@ def write(result: dict[str, Any], out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     stamp = result["meta"]["started"].replace(":", "").replace("-", "")[:15]
     kind = result["meta"].get("level") or ("quick" if result["meta"]["quick"] else "full")
-    body = json.dumps(result, indent=2, sort_keys=False) + "\n"
-    paths = [out / "latest.json", out / f"{stamp}-{kind}.json", out / "latest.md"]
-    paths[0].write_text(body)
-    paths[1].write_text(body)
-    paths[2].write_text(markdown(result))
-    paths += plot(result, out)
+    dated = out / f"{stamp}-{kind}.json"
+    dated.write_text(_json(result))
+    latest = write_latest(result, out)
+    return [latest[0], dated, latest[1], *plot(result, out)]
+
+
+def write_latest(result: dict[str, Any], out: Path) -> list[Path]:
+    """``latest.json`` and ``latest.md`` alone (a run judged again keeps its dated copy)."""
+    paths = [out / "latest.json", out / "latest.md"]
+    paths[0].write_text(_json(result))
+    paths[1].write_text(markdown(result))
     return paths
+
+
+def _json(result: dict[str, Any]) -> str:
+    return json.dumps(result, indent=2, sort_keys=False) + "\n"
 
 
 def _fmt(value: Any) -> str:
