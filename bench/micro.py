@@ -76,10 +76,11 @@ def _backend_cpu(ctx: Any) -> Iterator[Callable[[], float]]:
 def run(rounds: int = ROUNDS) -> dict[str, Any]:
     from reach.core.routing import RouteFilter  # noqa: F401  (imported before timing)
     from reach.hub import admission, submission
-    from reach.hub.agent_http import AgentTransport
     from reach.hub.breakers import Breakers
     from reach.hub.context import HubContext
-    from reach.hub.delivery import Publish, deliver_attempt
+    from reach.hub.delivery.pipeline import deliver_attempt
+    from reach.hub.delivery.transports import AgentTransport
+    from reach.hub.ledger import Publish
     from reach.hub.monitoring import Policy
     from reach.hub.registry import CandidateCache, register
     from reach.hub.signing import Signer

@@ -8,6 +8,7 @@ import logging
 from celery import shared_task
 
 from reach.hub.a2a import cards, exchange
+from reach.worker.exchanges import machinery
 from reach.worker.process_random import process_random
 from reach.worker.sweeps import skip_when_unavailable
 
@@ -37,15 +38,15 @@ def a2a_cards() -> dict[str, int]:
 @skip_when_unavailable
 def a2a_follow() -> dict[str, int]:
     from reach.worker.app import runtime
-    from tasks.delivery import transport
 
     ctx = runtime()
     a2a = ctx.settings.a2a
     retries = exchange.follow(
         ctx.sessions,
-        transport(),
+        machinery().transport.post,
         now=ctx.clock.now,
-        dpolicy=ctx.delivery_policy,
+        retry=ctx.delivery_policy.retry,
+        connect_timeout=ctx.delivery_policy.connect_timeout,
         rng=_rng,
         poll_timeout=a2a.card_timeout_s,
         poll_failures=a2a.poll_failures,

@@ -23,7 +23,7 @@ from reach.errors import HubUnavailable
 from reach.hub import dagruns
 from reach.hub.admission import Limits
 from reach.hub.dagruns import canvas_step
-from reach.hub.delivery import Publish
+from reach.hub.ledger import Publish
 from reach.worker.canvas import canvas
 
 log = logging.getLogger("reach.tasks.dags")

@@ -91,7 +91,8 @@ def encode(kind: str, **fields: Any) -> str:
     return json.dumps({"type": kind, **fields}, default=str)
 
 
-_INTERNAL = "/internal/channel/"
+INTERNAL_PATH = "/internal/channel/"
+_INTERNAL = INTERNAL_PATH
 
 
 def shown_endpoint(endpoint: str) -> str:

@@ -41,11 +41,12 @@ from reach.errors import (
     UnknownApproval,
 )
 from reach.hub import approval_webhook, metrics
-from reach.hub.delivery import (
+from reach.hub.ledger import (
     Publish,
     attempt_message,
     load_for_update,
     record_event,
+    target_key,
     task_view,
 )
 from reach.hub.storage.models import ApprovalRow, OutboxRow, TaskEventRow, TaskRow
@@ -484,6 +485,4 @@ def _fail(
 
 
 def _outbox_agent(task: TaskRow) -> str:
-    from reach.hub.submission import target_key  # submission imports this module
-
     return target_key(task.target or {})

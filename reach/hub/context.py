@@ -19,8 +19,9 @@ from reach.errors import HubUnavailable, ReachError, RegistrationConflict
 from reach.hub import approval_webhook, callbacks
 from reach.hub.approvals import ApprovalPolicy
 from reach.hub.clock import Clock, SystemClock
-from reach.hub.delivery import DeliveryPolicy, Publish, mark_published, unmark_published
+from reach.hub.delivery.policy import DeliveryPolicy
 from reach.hub.embeddings.backends.minilm import MiniLM, MiniLMInt8
+from reach.hub.ledger import Publish, mark_published, unmark_published
 from reach.hub.matching import Matcher
 from reach.hub.monitoring import Policy
 from reach.hub.settings import Settings

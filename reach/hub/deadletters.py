@@ -21,7 +21,7 @@ from reach.core.lifecycle import TaskEvent
 from reach.core.priority import queue_for
 from reach.core.statuses import TaskStatus
 from reach.errors import IllegalTransition, InvalidQuery, ReachError, TaskConflict, UnknownTask
-from reach.hub.delivery import Publish, add_attempt, load_for_update, record_event
+from reach.hub.ledger import Publish, add_attempt, load_for_update, record_event
 from reach.hub.storage.models import DeadLetterRow
 
 if TYPE_CHECKING:

@@ -34,8 +34,8 @@ from sqlalchemy.orm import Session
 
 from reach.core.priority import BACKGROUND_QUEUE, ONLINE_QUEUE, queue_for
 from reach.core.statuses import TaskStatus
-from reach.hub.delivery import (
-    DeliveryPolicy,
+from reach.hub.delivery.policy import DeliveryPolicy
+from reach.hub.ledger import (
     Publish,
     dead_letter,
     fail_transient,
@@ -287,7 +287,7 @@ def recover(
             "message": f"accepted but no result within {task.timeout_ms} ms + grace",
         }
         retry = fail_transient(
-            session, task, None, now, dpolicy, rng, reason="watchdog", error=error
+            session, task, None, now, dpolicy.retry, rng, reason="watchdog", error=error
         )
         if retry is not None:
             publish.append(retry)

@@ -1,7 +1,7 @@
 """Background yields to online work: what the hub looks like, and deferring an attempt.
 
 ``reach.core.priority`` decides; this module measures and acts. Everything here runs for
-background attempts only (``deliver_attempt`` asks after its claim), so an online
+background attempts only (``Pipeline.begin`` asks after its claim), so an online
 delivery pays no query for it. The measures are hub-wide, read from the store:
 
 * online waiting: an online task ``pending`` and due, or online traffic live (an online
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING
 
 from sqlalchemy import Integer as SqlInteger
 from sqlalchemy import Table, and_, bindparam, cast, delete, exists, func, select
@@ -47,12 +46,9 @@ from reach.core.priority import (
     admit_background,
 )
 from reach.core.statuses import TaskStatus
-from reach.hub import delivery  # a module, not its names: delivery imports this one
+from reach.hub import ledger
 from reach.hub.storage.engine import advisory_xact_lock
 from reach.hub.storage.models import FlowCountRow, TaskEventRow, TaskRow
-
-if TYPE_CHECKING:
-    from reach.hub.delivery import Claimed
 
 log = logging.getLogger("reach.hub.priority")
 
@@ -139,27 +135,27 @@ def measure(session: Session, task_id: str, now: float) -> Load:
     )
 
 
-def yield_to_online(session: Session, claimed: Claimed, now: float, policy: PriorityPolicy) -> bool:
+def yield_to_online(session: Session, task_id: str, now: float, policy: PriorityPolicy) -> bool:
     """Defer the claimed background attempt if online work waits and background holds its
     share of the slots already: True if deferred (the relay publishes it when due),
     False: deliver it now."""
-    load = measure(session, claimed.task_id, now)
+    load = measure(session, task_id, now)
     decision = admit_background(load, policy)
     if decision.run:
         if decision.reason is Reason.WAITED_TOO_LONG:
             log.info(
                 "background task %s runs past online work after %.1fs of deferrals",
-                claimed.task_id, load.deferred_s or 0.0,
+                task_id, load.deferred_s or 0.0,
             )  # fmt: skip
         return False
-    defer(session, claimed.task_id, now, decision, load)
+    defer(session, task_id, now, decision, load)
     return True
 
 
 def defer(session: Session, task_id: str, now: float, decision: Decision, load: Load) -> None:
     """Put the claimed attempt back as a new one ``decision.delay_s`` from now, left
     unpublished for the outbox relay (no countdown message: see the module's docstring)."""
-    task = delivery.load_for_update(session, task_id)
+    task = ledger.load_for_update(session, task_id)
     assert task is not None  # claimed in this same transaction
     delay = decision.delay_s
     task.status = lifecycle.transition(TaskStatus(task.status), TaskEvent.RETRY)
@@ -168,7 +164,7 @@ def defer(session: Session, task_id: str, now: float, decision: Decision, load: 
     task.lease_until = None
     task.next_attempt_at = now + delay
     task.updated_at = now
-    delivery.add_attempt(session, task, now, available_at=now + delay)
+    ledger.add_attempt(session, task, now, available_at=now + delay)
     detail = {
         "reason": "priority",
         "delay_s": round(delay, 3),
@@ -177,7 +173,7 @@ def defer(session: Session, task_id: str, now: float, decision: Decision, load: 
         "slots": load.slots,
         "queue": BACKGROUND_QUEUE,
     }
-    delivery.record_event(session, task, "deferred", now, detail)
+    ledger.record_event(session, task, "deferred", now, detail)
 
 
 def record_slots(session: Session, worker: str, slots: int, now: float) -> None:

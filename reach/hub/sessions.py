@@ -24,7 +24,7 @@ from reach.core.sessions import CANCELLED_ON_CLOSE, IN_FLIGHT, SessionState
 from reach.core.statuses import TaskStatus
 from reach.errors import SessionClosed, UnknownSession
 from reach.hub import approvals
-from reach.hub.delivery import finish, record_event
+from reach.hub.ledger import finish, record_event
 from reach.hub.storage.models import SessionRow, TaskRow
 
 log = logging.getLogger(__name__)

@@ -160,7 +160,12 @@ class RouterSettings(_Section):
     backoff_base: float = Field(1.0, gt=0)
     backoff_cap: float = Field(30.0, gt=0)
     connect_timeout: float = Field(2.0, gt=0)
-    read_timeout: float = Field(30.0, gt=0)
+    read_timeout: float | None = Field(
+        None,
+        gt=0,
+        description="cap on one exchange with an agent, in seconds; unset: the task's own "
+        "timeout_ms (an exchange holds no worker slot, so an agent may think that long)",
+    )
     failure_threshold: int = Field(3, ge=1, description="consecutive failures out of the pool")
     watchdog_grace: float = Field(30.0, ge=0, description="202 tasks: silence allowed past timeout")
     republish_grace: float = Field(
@@ -410,6 +415,37 @@ class CallbackSettings(_Section):
     )
 
 
+class ExchangeSettings(_Section):
+    """The worker's exchanges with agents (``reach.hub.delivery.exchanger``): a worker
+    slot claims, routes and signs an attempt, then hands the HTTP exchange to its
+    process's event loop, which keeps many in flight while the slot takes the next."""
+
+    max_in_flight: int = Field(
+        2000,
+        ge=1,
+        le=100_000,
+        description="agent exchanges one worker process keeps in flight; past it, its slots "
+        "wait for a place",
+    )
+    lease_s: float = Field(
+        15.0,
+        ge=1,
+        le=3600,
+        description="an attempt's lease while its exchange lasts, renewed every third of it: "
+        "the exchanges of a worker that died are delivered again this long after",
+    )
+    drain_s: float = Field(
+        10.0,
+        ge=0,
+        le=3600,
+        description="a worker stopping lets its exchanges end this long, then hands the rest "
+        "back for delivery at once",
+    )
+    record_threads: int = Field(
+        4, ge=1, le=64, description="threads per worker process that record agents' answers"
+    )
+
+
 class A2aSettings(_Section):
     """Agent2Agent interop (``reach.hub.a2a``): A2A agents registered by their card and
     reached like any agent, and every hub agent served as an A2A agent under ``/a2a``."""
@@ -457,6 +493,7 @@ class Settings(BaseSettings):
     approval: ApprovalSettings = ApprovalSettings()
     sessions: SessionSettings = SessionSettings()
     callbacks: CallbackSettings = CallbackSettings()
+    exchanges: ExchangeSettings = ExchangeSettings()
     a2a: A2aSettings = A2aSettings()
 
     @classmethod

@@ -27,7 +27,7 @@ from reach.core import streams as rules
 from reach.core.statuses import TERMINAL, DagRunStatus
 from reach.errors import BadLastEventId
 from reach.hub.context import HubContext
-from reach.hub.delivery import task_view
+from reach.hub.ledger import task_view
 from reach.hub.storage.models import TaskEventRow, TaskRow
 from reach.hub.wakeups import Waiters
 

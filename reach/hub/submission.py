@@ -37,7 +37,7 @@ from reach.errors import (
     TaskConflict,
 )
 from reach.hub import admission, approvals, callbacks, loops, trust
-from reach.hub.delivery import VIEW_COLUMNS, attempt_message, task_view
+from reach.hub.ledger import VIEW_COLUMNS, attempt_message, target_key, task_view
 from reach.hub.matching import Matcher
 from reach.hub.registry import (
     CANDIDATE_LIMIT,
@@ -77,13 +77,6 @@ def _asked(target: dict[str, Any], method: str | None) -> dict[str, Any]:
     """What a submission asked for: its target and method as sent. A task sent with an
     intent keeps this apart (``target["asked"]``): its target is the match."""
     return {**target, "method": method}
-
-
-def target_key(target: dict[str, Any]) -> str:
-    """The outbox's agent column: the agent when named, else the filter in short."""
-    if target.get("agent_id"):
-        return str(target["agent_id"])
-    return f"tags={','.join(target.get('tags') or [])};cap={target.get('capability') or ''}"[:128]
 
 
 def submit(

@@ -13,6 +13,7 @@ from celery import signals
 
 from reach.hub.context import HubContext
 from reach.hub.settings import load_settings
+from reach.worker import exchanges
 from reach.worker.factory import create_celery
 from reach.worker.slots import SlotReporter, slots_of
 
@@ -43,3 +44,16 @@ def _report_slots(sender: Any = None, **_: Any) -> None:
 def _withdraw_slots(**_: Any) -> None:
     while _reporters:
         _reporters.pop().stop()
+
+
+@signals.worker_process_shutdown.connect  # type: ignore[untyped-decorator]
+def _drain_child(**_: Any) -> None:
+    """A prefork child stopping: its exchanges get ``exchanges.drain_s`` to end, the rest
+    are given back for delivery at once (``reach.worker.exchanges.drain``)."""
+    exchanges.drain()
+
+
+@signals.worker_shutdown.connect  # type: ignore[untyped-decorator]
+def _drain_main(**_: Any) -> None:
+    """The solo and threads pools deliver in the main process: drain it too."""
+    exchanges.drain()

@@ -13,7 +13,7 @@ from kombu.exceptions import ChannelError
 
 from reach.core.priority import BACKGROUND_QUEUE, ONLINE_QUEUE
 from reach.hub.approval_webhook import WEBHOOK_TASK
-from reach.hub.delivery import Publish
+from reach.hub.ledger import Publish
 
 log = logging.getLogger("reach.worker.publisher")
 DELIVER_TASK = "reach.deliver"

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 import pytest
 
 from reach.core.retry import Outcome, classify
-from reach.hub.agent_http import AgentTransport
+from reach.hub.delivery.transports import AgentTransport
 
 Serve = Callable[[socket.socket], None]
 

@@ -28,11 +28,11 @@ from sqlalchemy.orm import Session
 from reach.core.auth import Scope
 from reach.errors import UnknownKey
 from reach.hub import apikeys
-from reach.hub.agent_http import AgentTransport
 from reach.hub.apikeys import CreatedKey
 from reach.hub.breakers import Breakers
 from reach.hub.context import HubContext
-from reach.hub.delivery import deliver_attempt
+from reach.hub.delivery.pipeline import deliver_attempt
+from reach.hub.delivery.transports import AgentTransport
 from reach.hub.settings import load_settings
 from reach.hub.storage import create_engine_for
 from reach.hub.storage.models import (

@@ -16,10 +16,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from reach.core.statuses import InstanceStatus
 from reach.errors import CircuitOpen
 from reach.hub import monitoring, registry, submission
-from reach.hub.agent_http import AgentTransport
 from reach.hub.breakers import Breakers, claim_trial
 from reach.hub.clock import ManualClock
-from reach.hub.delivery import DeliveryPolicy, Publish, deliver_attempt
+from reach.hub.delivery.pipeline import deliver_attempt
+from reach.hub.delivery.policy import DeliveryPolicy
+from reach.hub.delivery.transports import AgentTransport
+from reach.hub.ledger import Publish
 from reach.hub.monitoring import Policy
 from reach.hub.settings import Settings
 from reach.hub.storage import session_factory

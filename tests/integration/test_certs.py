@@ -23,8 +23,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
 
 from reach.core.trust import HUB_URI, agent_uri, identity_name
-from reach.hub.agent_http import AgentTransport, HubTls
 from reach.hub.certs import init_ca, issue_agent_cert
+from reach.hub.delivery.transports import AgentTransport, HubTls
 from reach.sdk.tls import TLSConfig, TLSHTTPServer
 
 

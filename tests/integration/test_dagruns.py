@@ -10,7 +10,7 @@ from reach.core import dags
 from reach.core.dags import NodeStatus
 from reach.hub import dagruns, registry
 from reach.hub.clock import ManualClock
-from reach.hub.delivery import finish, load_for_update
+from reach.hub.ledger import finish, load_for_update
 from reach.hub.monitoring import Policy
 from reach.hub.settings import Settings
 from reach.hub.storage import session_factory

@@ -12,10 +12,12 @@ from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from reach.hub import outbox, registry, submission
-from reach.hub.agent_http import AgentTransport
 from reach.hub.breakers import Breakers
 from reach.hub.clock import ManualClock
-from reach.hub.delivery import DeliveryPolicy, Publish, deliver_attempt
+from reach.hub.delivery.pipeline import deliver_attempt
+from reach.hub.delivery.policy import DeliveryPolicy
+from reach.hub.delivery.transports import AgentTransport
+from reach.hub.ledger import Publish
 from reach.hub.monitoring import Policy
 from reach.hub.settings import Settings
 from reach.hub.storage import session_factory
@@ -116,7 +118,7 @@ def test_lost_worker_is_recovered_and_its_zombie_copy_is_fenced(
     clock = ManualClock()
     task_id = setup(sessions, clock, agent.addr)
     dpolicy = DeliveryPolicy.from_settings(SETTINGS)
-    from reach.hub.delivery import claim
+    from reach.hub.delivery.claims import claim
 
     with sessions.begin() as s:  # a worker claims the attempt, then dies before sending
         assert claim(s, task_id, 1, clock.now(), dpolicy) is not None
@@ -206,7 +208,7 @@ def test_overdue_attempts_behind_a_backlog_are_waiting_not_lost(
 def test_claim_leases_for_connect_plus_read_plus_margin(
     sessions: sessionmaker[Session], agent: EnvelopeServer, timeout_ms: int, read: float
 ) -> None:
-    from reach.hub.delivery import claim
+    from reach.hub.delivery.claims import claim
 
     clock = ManualClock()
     task_id = setup(sessions, clock, agent.addr)
@@ -229,7 +231,7 @@ def test_claim_leases_for_connect_plus_read_plus_margin(
 def test_claim_after_a_lapsed_lease_counts_a_redelivery(
     sessions: sessionmaker[Session], agent: EnvelopeServer
 ) -> None:
-    from reach.hub.delivery import claim
+    from reach.hub.delivery.claims import claim
 
     clock = ManualClock()
     task_id = setup(sessions, clock, agent.addr)

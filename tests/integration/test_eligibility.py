@@ -17,11 +17,11 @@ from sqlalchemy import Engine, func, select
 
 from reach.core.routing import RouteFilter, rank
 from reach.hub import registry
-from reach.hub.agent_http import AgentTransport
 from reach.hub.api import HubContext, create_app
 from reach.hub.breakers import Breakers
 from reach.hub.clock import ManualClock
-from reach.hub.delivery import deliver_attempt
+from reach.hub.delivery.pipeline import deliver_attempt
+from reach.hub.delivery.transports import AgentTransport
 from reach.hub.settings import load_settings
 from reach.hub.storage.models import TaskRow
 from tests.conftest import free_port

@@ -42,11 +42,13 @@ from reach.errors import (
     TaskError,
 )
 from reach.hub import breakers, registry, submission
-from reach.hub.agent_http import AgentTransport
 from reach.hub.api import HubContext, create_app
 from reach.hub.breakers import Breakers, Ticket
 from reach.hub.clock import ManualClock
-from reach.hub.delivery import DeliveryPolicy, dead_letter, deliver_attempt, load_for_update
+from reach.hub.delivery.pipeline import deliver_attempt
+from reach.hub.delivery.policy import DeliveryPolicy
+from reach.hub.delivery.transports import AgentTransport
+from reach.hub.ledger import dead_letter, load_for_update
 from reach.hub.monitoring import Policy
 from reach.hub.settings import Settings, load_settings
 from reach.hub.storage import create_engine_for, session_factory
@@ -157,7 +159,7 @@ def test_the_database_lost_while_the_agent_works_is_hub_unavailable(pg_url: str)
 
         killer = threading.Thread(target=drop_connections_during_the_call, daemon=True)
         killer.start()
-        with pytest.raises(HubUnavailable, match="delivery of an attempt"):
+        with pytest.raises(HubUnavailable, match="recording an attempt.s answer"):
             _deliver(sessions, task_id)
         killer.join(10)
         assert agent.calls[task_id] == 1

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from reach.hub import delivery, outbox, registry, submission
+from reach.hub import ledger, outbox, registry, submission
 from reach.hub.clock import ManualClock
 from reach.hub.context import HubContext
 from reach.hub.settings import Settings
@@ -191,7 +191,7 @@ def test_an_attempt_scheduled_for_later_is_published_when_due_and_not_before(
         task = s.scalar(select(TaskRow).where(TaskRow.task_id == task_id))
         assert task is not None
         task.attempt_seq = 2
-        delivery.add_attempt(s, task, hub.clock.now(), available_at=hub.clock.now() + 0.5)
+        ledger.add_attempt(s, task, hub.clock.now(), available_at=hub.clock.now() + 0.5)
     hub.clock.advance(0.4)
     assert relay()["published"] == 0  # not yet due
     assert queued(broker) == []

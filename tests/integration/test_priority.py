@@ -23,10 +23,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reach.core.priority import BACKGROUND_QUEUE, ONLINE_QUEUE, WORKER_QUEUES
 from reach.hub import deadletters, outbox, priority, registry, submission
-from reach.hub.agent_http import AgentTransport
 from reach.hub.breakers import Breakers
 from reach.hub.clock import ManualClock
-from reach.hub.delivery import DeliveryPolicy, Publish, claim, deliver_attempt
+from reach.hub.delivery.claims import claim
+from reach.hub.delivery.pipeline import deliver_attempt
+from reach.hub.delivery.policy import DeliveryPolicy
+from reach.hub.delivery.transports import AgentTransport
+from reach.hub.ledger import Publish
 from reach.hub.monitoring import Policy
 from reach.hub.settings import Settings
 from reach.hub.storage import session_factory
@@ -226,13 +229,13 @@ def test_background_admissions_take_turns_for_the_last_slot_of_the_share(
         with sessions.begin() as s:
             claimed = claim(s, second, 1, now, DPOLICY)
             assert claimed is not None
-            answer.append(priority.yield_to_online(s, claimed, now, DPOLICY.priority))
+            answer.append(priority.yield_to_online(s, claimed.task_id, now, DPOLICY.priority))
         counted.set()
 
     with sessions.begin() as s:
         claimed = claim(s, first, 1, now, DPOLICY)
         assert claimed is not None
-        assert priority.yield_to_online(s, claimed, now, DPOLICY.priority) is False  # runs
+        assert priority.yield_to_online(s, claimed.task_id, now, DPOLICY.priority) is False  # runs
         worker = threading.Thread(target=other_worker, daemon=True)
         worker.start()
         assert not counted.wait(0.5), "the second admission counted before the first committed"

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from reach.core.priority import BACKGROUND_QUEUE, ONLINE_QUEUE
-from reach.hub.delivery import DeliveryPolicy, Publish
+from reach.hub.delivery.policy import DeliveryPolicy
+from reach.hub.ledger import Publish
 from reach.hub.settings import load_settings
 from reach.worker.factory import create_celery
 from reach.worker.publisher import Publisher

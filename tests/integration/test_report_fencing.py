@@ -18,11 +18,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, select
 
 from reach.hub import registry, submission
-from reach.hub.agent_http import AgentTransport
 from reach.hub.api import HubContext, create_app
 from reach.hub.breakers import Breakers
 from reach.hub.clock import ManualClock
-from reach.hub.delivery import deliver_attempt
+from reach.hub.delivery.pipeline import deliver_attempt
+from reach.hub.delivery.transports import AgentTransport
 from reach.hub.settings import load_settings
 from reach.hub.storage.models import TaskRow
 from reach.schemas import RegisterRequest, SubmitRequest

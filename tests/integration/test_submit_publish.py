@@ -11,7 +11,7 @@ from sqlalchemy import select
 
 from reach.hub import outbox, registry, submission
 from reach.hub.context import HubContext
-from reach.hub.delivery import Publish
+from reach.hub.ledger import Publish
 from reach.hub.settings import Settings
 from reach.hub.storage.models import OutboxRow, TaskRow
 from reach.schemas import RegisterRequest, SubmitRequest

@@ -20,7 +20,7 @@ from reach.core.breaker import (
 )
 from reach.core.retry import Outcome
 from reach.hub.breakers import Breakers, Ticket
-from reach.hub.delivery import DeliveryPolicy
+from reach.hub.delivery.policy import DeliveryPolicy
 from reach.hub.settings import load_settings
 
 SMALL = BreakerPolicy(window_s=10, failure_ratio=0.5, min_volume=4, trial_interval_s=30)

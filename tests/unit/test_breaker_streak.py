@@ -14,7 +14,7 @@ from reach.core.breaker import (
     Transition,
 )
 from reach.hub.breakers import Breakers, Ticket
-from reach.hub.delivery import DeliveryPolicy
+from reach.hub.delivery.policy import DeliveryPolicy
 from reach.hub.settings import load_settings
 
 # a ratio rule that never opens at these volumes: only the streak can

@@ -1,13 +1,14 @@
-"""Delivery to an A2A instance, and the follow of a task it is still working on.
+"""A2A instances in the store: their peers, their answers as envelopes, and the follow
+of a task one is still working on.
 
 Delivery (``reach.hub.delivery``) claims, routes, fences and records as for every agent;
-for an instance whose protocol is ``a2a`` it calls `exchange` instead of the SDK's POST.
-The attempt is a JSON-RPC ``SendMessage`` (``SendStreamingMessage`` when the card says
-the agent streams) with ``A2A-Version: 1.0`` and the card's security scheme; the hub's
-``task_id`` is the message ID. The answer comes back as the envelope an SDK agent would
-have sent (``reach.core.a2a.Verdict``), so retries, the breaker, dead letters and
-idempotency apply unchanged. Each status update of a stream is recorded as the task's
-progress while the attempt holds its lease (so it shows in ``/v1/tasks/{id}/stream``).
+for an instance whose protocol is ``a2a`` its ``A2ATransport`` sends a JSON-RPC
+``SendMessage`` (``SendStreamingMessage`` when the card says the agent streams) to the
+`Peer` read here. The answer comes back as the envelope an SDK agent would have sent
+(`envelope_of`, from ``reach.core.a2a.Verdict``), so retries, the breaker, dead letters
+and idempotency apply unchanged. Each status update of a stream is recorded as the
+task's progress while the attempt holds its lease (`record_progress`, so it shows in
+``/v1/tasks/{id}/stream``).
 
 An A2A task still working when the attempt ends (a blocking send that returned early, a
 stream that ran out of time or broke) is accepted, as a 202 would be, and `follow` asks
@@ -20,7 +21,6 @@ its timeout.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 from collections.abc import Callable
@@ -32,10 +32,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reach.core import a2a as rules
 from reach.core import lifecycle
+from reach.core.answers import AgentAnswer
 from reach.core.lifecycle import TaskEvent
+from reach.core.retry import RetryPolicy
 from reach.core.statuses import TaskStatus
 from reach.hub.a2a import PROTOCOL
-from reach.hub.agent_http import AgentAnswer, AgentTransport
+from reach.hub.ledger import fail_transient, finish, load_for_update, record_event
 from reach.hub.storage.models import InstanceRow, TaskEventRow, TaskRow
 
 log = logging.getLogger("reach.hub.a2a")
@@ -74,79 +76,7 @@ def peer_of(session: Session, instance_id: str) -> Peer | None:
     )
 
 
-def exchange(
-    sessions: sessionmaker[Session],
-    *,
-    task_id: str,
-    attempt_seq: int,
-    lease_token: str,
-    instance_id: str,
-    method: str,
-    payload: Any,
-    session_id: str | None,
-    transport: AgentTransport,
-    connect_timeout: float,
-    read_timeout: float,
-    now: Callable[[], float],
-) -> tuple[AgentAnswer, rules.Verdict]:
-    """One attempt at an A2A instance: the answer as an SDK agent's envelope, and the
-    verdict it came from."""
-    with sessions.begin() as session:
-        peer = peer_of(session, instance_id)
-    if peer is None:  # deregistered and re-registered as an SDK agent meanwhile
-        message = f"instance {instance_id} is no longer an A2A instance"
-        return AgentAnswer(None, None, message), rules.Verdict("transient", None, None)
-    params = rules.send_params(
-        task_id,
-        method,
-        payload if isinstance(payload, dict) else {"data": payload},
-        attempt_seq=attempt_seq,
-        session_id=session_id,
-    )
-    request_id = f"{task_id}#{attempt_seq}"
-    if not peer.streaming:
-        answer = transport.post(
-            peer.rpc_url,
-            rules.rpc(rules.METHOD_SEND, params, request_id),
-            connect_timeout,
-            read_timeout,
-            headers=peer.headers(),
-        )
-        verdict = rules.judge_response(answer.status, answer.body)
-        return _envelope(answer, verdict), verdict
-
-    fold = rules.StreamFold()
-
-    def on_event(data: str) -> bool:
-        try:
-            event = json.loads(data)
-        except ValueError:
-            return False
-        if not isinstance(event, dict):
-            return False
-        progress = fold.feed(event)
-        if progress is not None:
-            _record_progress(sessions, task_id, lease_token, progress, now())
-        return fold.final is not None
-
-    answer = transport.post_events(
-        peer.rpc_url,
-        rules.rpc(rules.METHOD_STREAM, params, request_id),
-        connect_timeout,
-        read_timeout,
-        on_event,
-        headers=peer.headers(),
-    )
-    if answer.status != 200 or answer.body is not None:
-        verdict = rules.judge_response(answer.status, answer.body)  # no stream: an error
-    else:
-        verdict = fold.verdict()
-        if verdict.kind == "cut" and answer.error:
-            verdict = rules.Verdict("cut", None, None, verdict.remote_task_id, message=answer.error)
-    return _envelope(answer, verdict), verdict
-
-
-def _envelope(answer: AgentAnswer, verdict: rules.Verdict) -> AgentAnswer:
+def envelope_of(answer: AgentAnswer, verdict: rules.Verdict) -> AgentAnswer:
     """The answer ``reach.core.retry.classify`` judges: the verdict's envelope, or the
     HTTP answer itself where A2A added nothing (no answer, 5xx, 429, 401 ...)."""
     if verdict.kind == "http":
@@ -160,7 +90,7 @@ def _envelope(answer: AgentAnswer, verdict: rules.Verdict) -> AgentAnswer:
     return AgentAnswer(verdict.status, verdict.body)
 
 
-def _record_progress(
+def record_progress(
     sessions: sessionmaker[Session],
     task_id: str,
     lease_token: str,
@@ -169,8 +99,6 @@ def _record_progress(
 ) -> None:
     """A status update of the stream, as the task's progress, while the attempt still
     holds its lease (a fenced-out copy records nothing)."""
-    from reach.hub.delivery import load_for_update, record_event  # delivery imports this
-
     with sessions.begin() as session:
         task = load_for_update(session, task_id)
         if task is None or task.status != TaskStatus.DISPATCHING or task.lease_token != lease_token:
@@ -190,8 +118,6 @@ def _progress_detail(progress: rules.Progress) -> dict[str, Any]:
 def accepted(session: Session, task: TaskRow, verdict: rules.Verdict | None, now: float) -> None:
     """After an attempt's 202: remember the A2A task to follow, and make the task
     ``waiting`` when the agent asked for input or authorisation."""
-    from reach.hub.delivery import record_event
-
     if verdict is None:
         if task.remote_task_id is not None:
             task.remote_task_id = None  # an earlier attempt's, at an A2A instance
@@ -233,12 +159,17 @@ def due_follows(session: Session, limit: int = FOLLOW_BATCH) -> list[tuple[Follo
     return out
 
 
+Post = Callable[[str, dict[str, Any], float, float, dict[str, str]], AgentAnswer]
+"""One JSON POST (url, body, connect timeout, timeout, headers) and its answer."""
+
+
 def follow(
     sessions: sessionmaker[Session],
-    transport: AgentTransport,
+    post: Post,
     *,
     now: Callable[[], float],
-    dpolicy: Any,
+    retry: RetryPolicy,
+    connect_timeout: float,
     rng: random.Random,
     poll_timeout: float,
     poll_failures: int,
@@ -248,18 +179,18 @@ def follow(
         due = due_follows(session)
     publish: list[Any] = []
     for item, peer in due:
-        answer = transport.post(
+        answer = post(
             peer.rpc_url,
             rules.rpc(rules.METHOD_GET, {"id": item.remote_task_id}, f"{item.task_id}#get"),
-            dpolicy.connect_timeout,
+            connect_timeout,
             poll_timeout,
-            headers=peer.headers(),
+            peer.headers(),
         )
         verdict = rules.judge_response(answer.status, answer.body)
         with sessions.begin() as session:
-            retry = _apply(session, item, answer, verdict, now(), dpolicy, rng, poll_failures)
-        if retry is not None:
-            publish.append(retry)
+            again = _apply(session, item, answer, verdict, now(), retry, rng, poll_failures)
+        if again is not None:
+            publish.append(again)
     return publish
 
 
@@ -269,12 +200,10 @@ def _apply(
     answer: AgentAnswer,
     verdict: rules.Verdict,
     now: float,
-    dpolicy: Any,
+    retry: RetryPolicy,
     rng: random.Random,
     poll_failures: int,
 ) -> Any:
-    from reach.hub.delivery import fail_transient, finish, load_for_update, record_event
-
     task = load_for_update(session, item.task_id)
     if (
         task is None
@@ -337,9 +266,7 @@ def _apply(
     if (failed or 0) + 1 < poll_failures:
         return None
     task.remote_task_id = None
-    return fail_transient(
-        session, task, None, now, dpolicy, rng, reason="follow_failed", error=error
-    )
+    return fail_transient(session, task, None, now, retry, rng, reason="follow_failed", error=error)
 
 
 def _last_progress(session: Session, task: TaskRow) -> str | None:

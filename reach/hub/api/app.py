@@ -33,10 +33,10 @@ from reach.hub.api.routes.matching import match_router
 from reach.hub.api.routes.sessions import session_router
 from reach.hub.api.routes.streams import dag_stream_router, stream_router
 from reach.hub.api.routes.tasks import Intake, dead_letter_router, task_router
+from reach.hub.api.ui.router import install_ui
 from reach.hub.context import HubContext
 from reach.hub.memory import MemoryGauge
 from reach.hub.streams import StreamHub
-from reach.hub.ui.router import install_ui
 from reach.hub.wakeups import Waiters
 from reach.schemas import (
     DeregisterRequest,
@@ -121,7 +121,7 @@ def create_app(
         app.include_router(audit_router(ctx))
         app.include_router(approval_router(ctx))
         app.include_router(listing_router(ctx))  # the operator's lists (tasks, runs, alerts)
-        install_ui(app, ctx, stream_hub)  # the dashboard at /ui (reach.hub.ui)
+        install_ui(app, ctx, stream_hub)  # the dashboard at /ui (reach.hub.api.ui)
     return app
 
 

@@ -13,7 +13,7 @@ An open hub (``require_auth`` off) gives a request without credentials the `OPEN
 principal; a credential that *is* presented is checked all the same, so a typo'd or
 revoked key fails loudly instead of silently running as anonymous admin.
 
-The dashboard (``/``, ``/ui/...``; `reach.hub.ui`) also takes its session cookie, and
+The dashboard (``/``, ``/ui/...``; `reach.hub.api.ui`) also takes its session cookie, and
 lets a request without any credential through with no principal: its pages answer a
 browser with a redirect to ``/ui/login``, not a 401 problem; ``/ui/static/`` is public.
 
@@ -35,10 +35,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from reach.core.auth import OPEN, Action, Principal, bearer_of, may_act_for, permits
 from reach.errors import Forbidden, ReachError, Unauthenticated
 from reach.hub import apikeys, audit, metrics
+from reach.hub.api import signin
 from reach.hub.api.problems import PROBLEM_JSON
 from reach.hub.apikeys import Refusal
 from reach.hub.context import HubContext
-from reach.hub.ui import signin
 
 log = logging.getLogger("reach.security")
 
@@ -96,7 +96,7 @@ class AuthMiddleware:
         await self.app(scope, receive, send)
 
     async def _dashboard(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """The dashboard (``reach.hub.ui``): a bearer key is checked as anywhere; otherwise
+        """The dashboard (``reach.hub.api.ui``): a bearer key is checked as anywhere; otherwise
         the session cookie names the principal. Without either the request goes on with
         no principal (an open hub's: `OPEN`), and the page redirects to the sign-in."""
         if scope["path"].startswith(signin.COOKIE_PATH + "/static/"):  # htmx, css: public

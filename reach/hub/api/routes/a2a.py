@@ -1,4 +1,4 @@
-"""The hub's A2A endpoints (``reach.hub.a2a.server``): a card and a JSON-RPC endpoint for
+"""The hub's A2A endpoints (``reach.hub.api.a2a_server``): a card and a JSON-RPC endpoint for
 every agent (``/a2a/{agent_id}``) and every capability (``/a2a/capability/{type}``).
 
 Authenticated like the rest of the hub (a key that may submit tasks; the card advertises
@@ -20,9 +20,9 @@ from starlette.concurrency import run_in_threadpool
 
 from reach.core.auth import Action, Principal
 from reach.errors import NoSuitableAgent, UnknownAgent
-from reach.hub.a2a.server import ContextBuilder, HubRequestHandler, card_for, skills_of
+from reach.hub.api.a2a_server import ContextBuilder, HubRequestHandler, card_for, skills_of
 from reach.hub.api.auth import require
-from reach.hub.api.routes.tasks import Intake
+from reach.hub.api.routes.tasks import Intake, read_task
 from reach.hub.context import HubContext
 from reach.hub.streams import StreamHub
 from reach.hub.wakeups import Waiters
@@ -34,7 +34,7 @@ CARD = "/.well-known/agent-card.json"
 def a2a_router(
     ctx: HubContext, intake: Intake, require_auth: bool, waiters: Waiters, stream_hub: StreamHub
 ) -> APIRouter:
-    handler = HubRequestHandler(ctx, intake, waiters, stream_hub)
+    handler = HubRequestHandler(ctx, intake, waiters, stream_hub, read_task)
     dispatcher = JsonRpcDispatcher(
         handler, ContextBuilder(), enable_v0_3_compat=ctx.settings.a2a.v03_compat
     )

@@ -17,9 +17,9 @@ from reach.hub import admission, broadcast
 from reach.hub.alerts import BackpressureLog
 from reach.hub.api import links
 from reach.hub.api.auth import not_yours, require
-from reach.hub.api.longpoll import long_poll
 from reach.hub.context import HubContext
-from reach.hub.delivery import unmark_published
+from reach.hub.ledger import unmark_published
+from reach.hub.longpoll import long_poll
 from reach.hub.storage.models import BroadcastRow
 from reach.hub.wakeups import Waiters
 from reach.schemas import MAX_WAIT_S, BroadcastRequest

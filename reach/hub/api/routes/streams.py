@@ -72,7 +72,7 @@ def stream_router(ctx: HubContext, hub: StreamHub) -> APIRouter:
 
         def open_() -> tuple[dict[str, Any], int]:
             newest = streams.newest_event_id(ctx, task_id)  # first: nothing slips between
-            return task_routes._read(ctx, task_id, request, principal), newest
+            return task_routes.read_task(ctx, task_id, request, principal), newest
 
         view, newest = await run_in_threadpool(open_)
         streams.check_resume(last, newest)

@@ -24,14 +24,15 @@ from reach.errors import (
     TaskConflict,
     UnknownTask,
 )
-from reach.hub import admission, callbacks, deadletters, delivery, loops, submission
+from reach.hub import admission, callbacks, deadletters, ledger, loops, submission
 from reach.hub.alerts import BackpressureLog
 from reach.hub.api import links
 from reach.hub.api.auth import not_yours, require
 from reach.hub.api.lanes import CallerLane, caller_tokens
-from reach.hub.api.longpoll import long_poll
 from reach.hub.context import HubContext
-from reach.hub.delivery import Publish
+from reach.hub.delivery import reports
+from reach.hub.ledger import Publish
+from reach.hub.longpoll import long_poll
 from reach.hub.storage.models import TaskEventRow, TaskRow
 from reach.hub.wakeups import Waiters
 from reach.schemas import DB_INT_MAX, MAX_WAIT_S, ProgressReport, ResultReport, SubmitRequest
@@ -90,7 +91,7 @@ def task_router(ctx: HubContext, intake: Intake, waiters: Waiters | None = None)
                 ctx.publish_premarked(first_attempt)
                 published = True
             first = next(views, None)
-            return first if first is not None else _read(ctx, task_id, request, submitter)
+            return first if first is not None else read_task(ctx, task_id, request, submitter)
 
         final = await long_poll(
             read,
@@ -112,7 +113,7 @@ def task_router(ctx: HubContext, intake: Intake, waiters: Waiters | None = None)
     ) -> dict[str, Any]:
         """The task; with ``wait`` > 0, hold the request until it is terminal or time is up."""
         return await long_poll(
-            lambda: _read(ctx, task_id, request, principal),
+            lambda: read_task(ctx, task_id, request, principal),
             _terminal,
             wait,
             waiters=waiters,
@@ -129,11 +130,11 @@ def task_router(ctx: HubContext, intake: Intake, waiters: Waiters | None = None)
         other attempt or instance is refused (409 ``stale-report``) and recorded. Only a
         key of the task's agent may report (anyone else is told the task does not exist)."""
 
-        transient = delivery.Transient(ctx.delivery_policy, _rng) if body.transient else None
+        transient = reports.Transient(ctx.delivery_policy, _rng) if body.transient else None
 
         def work(session: Session) -> dict[str, Any] | StaleReport | tuple[Publish, str]:
             reporter = _reporter(session, task_id, request, principal)
-            decided = delivery.record_report(
+            decided = reports.record_report(
                 session,
                 task_id,
                 body.code,
@@ -173,7 +174,7 @@ def task_router(ctx: HubContext, intake: Intake, waiters: Waiters | None = None)
 
         def work(session: Session) -> StaleReport | None:
             reporter = _reporter(session, task_id, request, principal)
-            return delivery.report_progress(
+            return reports.report_progress(
                 session,
                 task_id,
                 detail,
@@ -338,12 +339,16 @@ def _terminal(view: dict[str, Any]) -> bool:
     return view["status"] in TERMINAL
 
 
-def _read(ctx: HubContext, task_id: str, request: Request, principal: Principal) -> dict[str, Any]:
+def read_task(
+    ctx: HubContext, task_id: str, request: Request, principal: Principal
+) -> dict[str, Any]:
+    """The task as ``principal`` may see it (`UnknownTask` if not: not found and not yours
+    look the same); the A2A edge reads through it too."""
     with ctx.reading() as session:
         row = session.scalar(select(TaskRow).where(TaskRow.task_id == task_id))
         if row is None or not _visible(request, principal, task_id, row.caller, row.agent_id):
             raise UnknownTask(f"task {task_id!r} does not exist", task_id=task_id)
-        return delivery.task_view(row)
+        return ledger.task_view(row)
 
 
 def _visible(

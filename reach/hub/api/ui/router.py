@@ -11,12 +11,10 @@ from starlette.concurrency import run_in_threadpool
 
 from reach.core.auth import Scope
 from reach.hub import apikeys
+from reach.hub.api import signin
 from reach.hub.api.auth import _log_refusal
-from reach.hub.apikeys import Refusal
-from reach.hub.context import HubContext
-from reach.hub.streams import StreamHub
-from reach.hub.ui import alerts, approvals, dagruns, deadletters, fleet, signin, tasks
-from reach.hub.ui.pages import (
+from reach.hub.api.ui import alerts, approvals, dagruns, deadletters, fleet, tasks
+from reach.hub.api.ui.pages import (
     LOGIN,
     NO_STORE,
     STATIC,
@@ -29,6 +27,9 @@ from reach.hub.ui.pages import (
     set_cookie,
     viewer_of,
 )
+from reach.hub.apikeys import Refusal
+from reach.hub.context import HubContext
+from reach.hub.streams import StreamHub
 
 APPROVALS = "/ui/approvals"
 _STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}

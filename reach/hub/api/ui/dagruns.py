@@ -25,9 +25,9 @@ from reach.core.paging import DagRunFilter, Page
 from reach.core.statuses import DagRunStatus, TaskStatus
 from reach.errors import InvalidQuery, UnknownTask
 from reach.hub import dagruns, listings
+from reach.hub.api.ui.pages import PageNotFound, Viewer, render, require_ui
 from reach.hub.context import HubContext
 from reach.hub.storage.models import TaskRow
-from reach.hub.ui.pages import PageNotFound, Viewer, render, require_ui
 
 ReadsFleet = Annotated[Viewer, Depends(require_ui(Action.READ_FLEET))]
 PAGE_SIZE: Final = 50

@@ -22,10 +22,10 @@ from starlette.concurrency import run_in_threadpool
 from reach.core.auth import Action
 from reach.errors import InvalidQuery
 from reach.hub import deadletters
+from reach.hub.api.ui.pages import PageNotFound, Viewer, render, require_ui, ui_action
 from reach.hub.context import HubContext
 from reach.hub.deadletters import MAX_REPLAY_MANY, ReplayOutcome
 from reach.hub.storage.models import DeadLetterRow
-from reach.hub.ui.pages import PageNotFound, Viewer, render, require_ui, ui_action
 from reach.schemas import DB_INT_MAX
 
 ReadsFleet = Annotated[Viewer, Depends(require_ui(Action.READ_FLEET))]

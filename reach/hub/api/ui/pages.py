@@ -28,10 +28,10 @@ from markupsafe import Markup
 from starlette.concurrency import run_in_threadpool
 
 from reach.core.auth import Action, Principal, permits
+from reach.hub.api import signin
 from reach.hub.api.auth import forbidden
+from reach.hub.api.signin import UiSession
 from reach.hub.context import HubContext
-from reach.hub.ui import signin
-from reach.hub.ui.signin import UiSession
 
 TEMPLATES = Path(__file__).parent / "templates"
 STATIC = Path(__file__).parent / "static"

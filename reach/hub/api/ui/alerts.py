@@ -17,8 +17,8 @@ from reach.core.auth import Action
 from reach.core.paging import Page, parse_instant
 from reach.errors import InvalidQuery
 from reach.hub import alerts
+from reach.hub.api.ui.pages import Viewer, render, require_ui
 from reach.hub.context import HubContext
-from reach.hub.ui.pages import Viewer, render, require_ui
 
 ReadsFleet = Annotated[Viewer, Depends(require_ui(Action.READ_FLEET))]
 PAGE_SIZE: Final = 100

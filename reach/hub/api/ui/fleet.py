@@ -21,10 +21,10 @@ from reach.core.scoring import ProbeWindow, reach_score
 from reach.core.statuses import InstanceStatus
 from reach.errors import BadCursor, InvalidQuery
 from reach.hub import monitoring, registry
+from reach.hub.api.ui.pages import PageNotFound, Viewer, render, require_ui
 from reach.hub.context import HubContext
 from reach.hub.monitoring import Policy
 from reach.hub.storage.models import AgentRow, InstanceRow
-from reach.hub.ui.pages import PageNotFound, Viewer, render, require_ui
 
 ReadsFleet = Annotated[Viewer, Depends(require_ui(Action.READ_FLEET))]
 CHART = charts.Box(width=560, height=120, pad=4)

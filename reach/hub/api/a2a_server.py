@@ -21,7 +21,7 @@ with the hub's tasks:
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any, cast
 
 from a2a.server.context import ServerCallContext
@@ -66,8 +66,9 @@ from reach.core.auth import Principal
 from reach.core.priority import queue_for
 from reach.core.statuses import TERMINAL, TaskStatus
 from reach.errors import ReachError, UnknownTask
-from reach.hub import streams
-from reach.hub.delivery import Publish, finish, load_for_update, record_event, task_view
+from reach.hub import approvals, streams
+from reach.hub.ledger import Publish, finish, load_for_update, record_event, task_view
+from reach.hub.longpoll import long_poll
 from reach.hub.storage.models import AgentCapabilityRow, AgentRow
 from reach.schemas import SubmitRequest
 
@@ -149,14 +150,23 @@ def card_for(
     return cast(dict[str, Any], MessageToDict(ParseDict(card, AgentCard())))
 
 
+ReadTask = Callable[[Any, str, Request, Principal], dict[str, Any]]
+"""The API's read of one task for a principal (its visibility rules applied)."""
+
+
 class HubRequestHandler(RequestHandler):
     """a2a-sdk's request handler interface, answered with the hub's tasks."""
 
-    def __init__(self, ctx: Any, intake: Any, waiters: Any, stream_hub: Any) -> None:
+    def __init__(
+        self, ctx: Any, intake: Any, waiters: Any, stream_hub: Any, read: ReadTask
+    ) -> None:
+        """``intake`` and ``read`` are the API's own submit and read of a task (with its
+        screening and ownership rules): the A2A edge answers exactly as ``/v1/tasks``."""
         self.ctx = ctx
         self.intake = intake
         self.waiters = waiters
         self.stream_hub = stream_hub
+        self.read = read
 
     # -- sending --------------------------------------------------------------------------
 
@@ -205,8 +215,6 @@ class HubRequestHandler(RequestHandler):
     async def on_message_send(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> Task | Message:
-        from reach.hub.api.longpoll import long_poll
-
         view = await self._submit(params, context)
         wait = self.ctx.settings.a2a.send_wait_s
         if not params.configuration.return_immediately and view["status"] not in TERMINAL:
@@ -242,10 +250,10 @@ class HubRequestHandler(RequestHandler):
     # -- tasks ----------------------------------------------------------------------------
 
     def _read(self, task_id: str, context: ServerCallContext) -> dict[str, Any]:
-        from reach.hub.api.routes.tasks import _read
-
         try:
-            return _read(self.ctx, task_id, context.state["request"], context.state["principal"])
+            return self.read(
+                self.ctx, task_id, context.state["request"], context.state["principal"]
+            )
         except UnknownTask:
             raise TaskNotFoundError(message=f"task {task_id!r} not found") from None
 
@@ -265,8 +273,6 @@ class HubRequestHandler(RequestHandler):
                 return None
             now = self.ctx.clock.now()
             if task.status == TaskStatus.AWAITING_APPROVAL:
-                from reach.hub import approvals
-
                 approvals.cancel(session, task.task_id, now, principal.identity)
             detail = {"by": "a2a", "method": "CancelTask"}
             record_event(session, task, "cancel_requested", now, detail, actor=principal.identity)

@@ -2,7 +2,7 @@
 (payload, result, every attempt and the audit trail), live while the task runs.
 
 The list is `reach.hub.listings.list_tasks` (``GET /api/v1/tasks``'s), the trail
-`reach.hub.api.routes.audit.task_trail` (``GET /api/v1/tasks/{id}/audit``'s). Live:
+`reach.hub.audit.task_trail` (``GET /api/v1/tasks/{id}/audit``'s). Live:
 ``/ui/tasks/{id}/live`` follows the task's progress stream (`reach.hub.streams.task_stream`,
 ``GET /v1/tasks/{id}/stream``'s) and answers each of its events with the task's live
 section rendered afresh (SSE event ``update``, which htmx's ``sse-swap`` puts in place),
@@ -25,13 +25,13 @@ from reach.core.auth import Action, may_read_task
 from reach.core.paging import MAX_LIMIT, TaskFilter
 from reach.core.statuses import TERMINAL, TaskStatus
 from reach.errors import InvalidQuery
-from reach.hub import delivery, listings, streams
+from reach.hub import ledger, listings, streams
 from reach.hub.api.auth import not_yours
-from reach.hub.api.routes.audit import task_trail
+from reach.hub.api.ui.pages import PageNotFound, Viewer, env, render, require_ui
+from reach.hub.audit import task_trail
 from reach.hub.context import HubContext
 from reach.hub.storage.models import TaskRow
 from reach.hub.streams import StreamHub
-from reach.hub.ui.pages import PageNotFound, Viewer, env, render, require_ui
 
 ReadsTasks = Annotated[Viewer, Depends(require_ui(Action.READ_TASK))]
 Text = Annotated[str, Query(max_length=256)]
@@ -136,7 +136,7 @@ def _task(ctx: HubContext, request: Request, viewer: Viewer, task_id: str) -> di
         if row is None:
             raise PageNotFound(f"task {task_id!r} does not exist")
         trail = task_trail(session, row)
-        task = delivery.task_view(row)
+        task = ledger.task_view(row)
         payload = row.payload
     return {
         "task": task,

@@ -24,9 +24,9 @@ from reach.core.auth import Action
 from reach.core.statuses import ApprovalStatus
 from reach.errors import ApprovalDecided, ReachError, UnknownApproval
 from reach.hub import approvals
+from reach.hub.api.ui.pages import PageNotFound, Viewer, render, require_ui, ui_action
 from reach.hub.context import HubContext
 from reach.hub.storage.models import TaskRow
-from reach.hub.ui.pages import PageNotFound, Viewer, render, require_ui, ui_action
 
 ReadsApprovals = Annotated[Viewer, Depends(require_ui(Action.READ_APPROVALS))]
 Decides = Annotated[Viewer, Depends(ui_action(Action.APPROVE))]

@@ -1,0 +1,257 @@
+"""A worker process's exchanges with agents: many in flight, none holding a slot.
+
+Agents think: an LLM agent takes seconds to minutes per task. A Celery slot that waited
+on each exchange would cap the hub at slots ÷ handler time (2 slots and 2 s: one task a
+second). Here a slot does only the short steps -- it begins an attempt (claim, route,
+sign: ``Pipeline.begin``) and hands the `Dispatch` over -- and this process's event loop
+holds the exchange (aiohttp: 0.4 ms of CPU per exchange at 2,000 in flight) for as long
+as the agent works, up to the task's timeout. The answer is recorded
+(``Pipeline.conclude``) on a few threads of the exchanger's own, and a retry it
+schedules is published.
+
+At-least-once holds without the Celery message, which was acked once the slot handed
+the attempt over: the attempt's lease in the store does. The exchanger renews the
+leases of its exchanges (one statement for all of them, every third of
+``exchanges.lease_s``), so a process that dies -- killed, out of memory -- renews nothing,
+its leases lapse within ``lease_s`` and the outbox relay's net delivers those attempts
+again; an agent's dedup guard answers a redelivered task it already ran with its first
+answer. A process stopping on purpose `drain`\\ s: its exchanges get
+``exchanges.drain_s`` to end, and the leases of the rest are given back at once.
+
+At most ``exchanges.max_in_flight`` exchanges per process: past it, `hand_over` blocks
+the slot until one ends (backpressure onto the broker's queue, not unbounded memory).
+And at most an instance's declared ``max_concurrency`` of them at that instance: the
+others wait on the loop for a place (no slot, no agent time spent on a 429) for as long
+as their exchange's budget, and only then count as the instance's backpressure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Any
+
+from prometheus_client import Counter
+
+from reach.core import a2a as a2a_rules
+from reach.core.answers import AgentAnswer
+from reach.errors import HubUnavailable
+from reach.hub.delivery.claims import renew
+from reach.hub.delivery.pipeline import Pipeline
+from reach.hub.delivery.routing import Dispatch
+from reach.hub.delivery.transports import AgentTransport, Exchanged, ProgressSink
+from reach.hub.ledger import Publish
+
+log = logging.getLogger("reach.hub.delivery.exchanger")
+
+EXCHANGES_TOTAL = Counter(
+    "agentreach_exchanges_total",
+    "Agent exchanges started and ended by workers (in flight: started - ended).",
+    ["stage"],
+)
+RECORD_RETRY_S = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0)
+"""An answer the store refused to record is tried again after each of these (the lease
+is renewed meanwhile); past them, its lease lapses and the relay's net takes over."""
+
+
+@dataclass(slots=True)
+class _InFlight:
+    dispatch: Dispatch
+    expires: float  # the hub clock's time its lease runs out, as far as this process knows
+
+
+class Exchanger:
+    """This process's exchanges; `hand_over` from any thread, `drain` when stopping."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        transport: AgentTransport,
+        publish: Callable[[list[Publish]], object],
+        *,
+        max_in_flight: int = 2000,
+        drain_s: float = 10.0,
+        record_threads: int = 4,
+    ) -> None:
+        self.pipeline = pipeline
+        self.transport = transport
+        self.publish = publish
+        self.max_in_flight = max_in_flight
+        self.drain_s = drain_s
+        self._places = threading.BoundedSemaphore(max_in_flight)
+        self._lock = threading.Lock()
+        self._in_flight: dict[tuple[str, int], _InFlight] = {}
+        self._idle = threading.Condition(self._lock)
+        self._recorder = ThreadPoolExecutor(record_threads, thread_name_prefix="reach-record")
+        self._tasks: set[asyncio.Task[None]] = set()  # strong references while they run
+        self._places_at: dict[tuple[str, int], asyncio.Semaphore] = {}  # on the loop only
+        self._renewing = False
+        self._closing = False
+        dpolicy = pipeline.dpolicy
+        self.renew_every = dpolicy.lease_s / 3
+
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._in_flight)
+
+    # -- handing over (a worker slot's thread) ------------------------------------------
+
+    def hand_over(self, d: Dispatch) -> None:
+        """Take the exchange of a begun attempt; returns at once unless the process
+        holds ``max_in_flight`` already (then when a place frees)."""
+        self._places.acquire()
+        dpolicy = self.pipeline.dpolicy
+        lease = d.connect_timeout + min(d.timeout, dpolicy.lease_s) + dpolicy.lease_margin
+        with self._lock:
+            self._in_flight[(d.task_id, d.attempt_seq)] = _InFlight(d, self.pipeline.now() + lease)
+            start_renewer = not self._renewing
+            self._renewing = True
+        EXCHANGES_TOTAL.labels("started").inc()
+        self.transport.loop.call_soon(self._start, d, start_renewer)
+
+    def _start(self, d: Dispatch, start_renewer: bool) -> None:
+        """On the loop: the exchange as a task of its own (and the renewer, once)."""
+        for coro in (self._exchange(d), *((self._renew_forever(),) if start_renewer else ())):
+            task = asyncio.get_running_loop().create_task(coro)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _exchange(self, d: Dispatch) -> None:
+        loop = asyncio.get_running_loop()
+
+        async def progress(update: a2a_rules.Progress) -> None:
+            await loop.run_in_executor(self._recorder, self.pipeline.record_progress, d, update)
+
+        started = time.perf_counter()
+        try:
+            exchanged = await self._at_instance(d, progress, started)
+        except Exception as exc:  # a transport's bug must not lose the attempt: transient
+            log.exception("exchange of %s#%d failed", d.task_id, d.attempt_seq)
+            exchanged = Exchanged(AgentAnswer(None, None, f"{type(exc).__name__}: {exc}"))
+        elapsed = time.perf_counter() - started
+        try:
+            await loop.run_in_executor(self._recorder, self._conclude, d, exchanged, elapsed)
+        except RuntimeError:  # the recorder shut down: the process is leaving
+            self._ended(d)
+
+    async def _at_instance(self, d: Dispatch, progress: ProgressSink, started: float) -> Exchanged:
+        """The exchange, once the instance has a place for it (its ``max_concurrency``
+        among this process's exchanges); none within the exchange's budget: the
+        instance's backpressure, as if it had answered 429."""
+        if d.max_concurrency <= 0:
+            return await self.transport.exchange(d, progress)
+        key = (d.instance_id, d.max_concurrency)
+        places = self._places_at.get(key)
+        if places is None:
+            places = self._places_at[key] = asyncio.Semaphore(d.max_concurrency)
+        try:
+            async with asyncio.timeout(d.timeout):
+                await places.acquire()
+        except TimeoutError:
+            message = f"instance at max_concurrency ({d.max_concurrency}) for {d.timeout:.1f}s"
+            return Exchanged(AgentAnswer(429, {"code": 429, "message": message}))
+        try:
+            waited = time.perf_counter() - started
+            if waited > 0.001:
+                d = replace(d, timeout=max(0.05, d.timeout - waited))
+            return await self.transport.exchange(d, progress)
+        finally:
+            places.release()
+
+    # -- recording (the exchanger's threads) ----------------------------------------------
+
+    def _conclude(self, d: Dispatch, exchanged: Exchanged, elapsed: float) -> None:
+        try:
+            retry = self._record(d, exchanged, elapsed)
+            if retry is not None:
+                try:
+                    self.publish([retry])
+                except Exception as exc:  # the outbox holds it: the relay publishes it
+                    log.warning("retry of %s left to the relay: %s", d.task_id, exc)
+        finally:
+            self._ended(d)
+
+    def _record(self, d: Dispatch, exchanged: Exchanged, elapsed: float) -> Publish | None:
+        for wait in (*RECORD_RETRY_S, None):
+            try:
+                return self.pipeline.conclude(d, exchanged, elapsed)
+            except HubUnavailable as exc:
+                if wait is None or self._closing:
+                    log.error(
+                        "answer of %s#%d not recorded (%s): its lease lapses and the "
+                        "relay delivers it again", d.task_id, d.attempt_seq, exc,
+                    )  # fmt: skip
+                    return None
+                log.warning("recording %s#%d: %s; again in %.1fs", d.task_id, d.attempt_seq,
+                            exc, wait)  # fmt: skip
+                time.sleep(wait)
+        return None
+
+    def _ended(self, d: Dispatch) -> None:
+        with self._lock:
+            if self._in_flight.pop((d.task_id, d.attempt_seq), None) is None:
+                return
+            self._idle.notify_all()
+        self._places.release()
+        EXCHANGES_TOTAL.labels("ended").inc()
+
+    # -- leases ---------------------------------------------------------------------------
+
+    async def _renew_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._closing:
+            await asyncio.sleep(self.renew_every)
+            try:
+                await loop.run_in_executor(self._recorder, self.renew_due)
+            except RuntimeError:  # the recorder shut down
+                return
+            except Exception as exc:  # the store down: they are tried again next time
+                log.warning("exchange leases not renewed (again in %.0fs): %s",
+                            self.renew_every, exc)  # fmt: skip
+
+    def renew_due(self) -> int:
+        """Renew the leases that would run out before the next renewal; how many."""
+        now = self.pipeline.now()
+        soon = now + 2 * self.renew_every
+        with self._lock:
+            due = [f for f in self._in_flight.values() if f.expires < soon]
+        if not due:
+            return 0
+        until = now + self.pipeline.dpolicy.renewed_lease()
+        leases = [(f.dispatch.task_id, f.dispatch.token) for f in due]
+        with self.pipeline.sessions.begin() as session:
+            renewed = renew(session, leases, until)
+        for f in due:
+            f.expires = until
+        return renewed
+
+    # -- stopping -------------------------------------------------------------------------
+
+    def drain(self, timeout: float | None = None) -> int:
+        """Let the exchanges in flight end for ``timeout`` (default ``drain_s``) seconds;
+        give the leases of those still running back (they lapse now, and the relay
+        delivers them again); how many were given back."""
+        self._closing = True
+        deadline = time.monotonic() + (self.drain_s if timeout is None else timeout)
+        with self._lock:
+            while self._in_flight and time.monotonic() < deadline:
+                self._idle.wait(max(0.0, deadline - time.monotonic()))
+            left = [(f.dispatch.task_id, f.dispatch.token) for f in self._in_flight.values()]
+        if left:
+            try:
+                with self.pipeline.sessions.begin() as session:
+                    renew(session, left, self.pipeline.now())
+                log.warning("gave back %d exchange(s) still in flight", len(left))
+            except Exception as exc:  # their leases lapse on their own
+                log.warning("%d exchange lease(s) not given back: %s", len(left), exc)
+        self._recorder.shutdown(wait=False, cancel_futures=True)
+        return len(left)
+
+    def stats(self) -> dict[str, Any]:
+        return {"in_flight": self.in_flight, "max_in_flight": self.max_in_flight}

@@ -1,0 +1,211 @@
+"""Choosing the instance for a claimed attempt, and what its exchange will carry.
+
+`route` filters the live candidates (the task's agent, tags, capability and rules; a
+broadcast's pinned instance; no agent already on the task's path; L3 screening), picks
+one by ReachScore (``reach.core.routing``) whose breaker lets it through, assigns it in
+the claim's transaction and records the ``dispatched`` event. What comes back is the
+`Dispatch`: everything the exchange needs, so it runs with no store at hand.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from reach.core.channel import shown_endpoint
+from reach.core.routing import Candidate, RouteFilter, choose_excluding
+from reach.core.trust import is_l3
+from reach.errors import NoSuitableAgent
+from reach.hub import breakers as breaker_store
+from reach.hub import registry, trust
+from reach.hub.a2a import PROTOCOL as PROTOCOL_A2A
+from reach.hub.a2a.exchange import Peer, peer_of
+from reach.hub.breakers import Ticket
+from reach.hub.delivery.claims import ASSIGN, Claimed
+from reach.hub.delivery.policy import DeliveryPolicy
+from reach.hub.ledger import Publish, defer_attempt, insert_event, load_for_update, schedule_retry
+from reach.hub.monitoring import Policy
+from reach.hub.storage.models import TaskRow
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """One routed attempt, ready to exchange: where, what, and under which lease."""
+
+    task_id: str
+    attempt_seq: int
+    token: str  # the attempt's lease token: its outcome is recorded only while it holds
+    url: str
+    body: dict[str, Any]
+    instance_id: str
+    agent_id: str
+    timeout: float  # the exchange's budget after connecting (the task's timeout, capped)
+    connect_timeout: float
+    ticket: Ticket
+    method: str
+    payload: Any
+    session_id: str | None = None
+    trust_level: str = "L2"  # L1: reached over mutual TLS only (``MtlsTransport``)
+    caller: str | None = None  # the task's caller identity: the reach token's ``sub``
+    protocol: str = "reach"  # a2a: the attempt is an A2A SendMessage (``A2ATransport``)
+    peer: Peer | None = None  # an A2A instance's card: its RPC URL and security scheme
+    headers: dict[str, str] = field(default_factory=dict)
+    max_concurrency: int = 0  # the instance's declared slots (0: it declares none)
+
+
+def candidates(
+    session: Session,
+    task: Claimed,
+    now: float,
+    policy: Policy,
+    cache: registry.CandidateCache | None,
+) -> tuple[RouteFilter, list[Candidate]]:
+    """The task's route filter and its live candidates (a pinned broadcast target: that
+    instance or nothing) -- what routing and the breaker wait both start from."""
+    target = task.target
+    flt = RouteFilter(
+        agent_id=target.get("agent_id"),
+        tags=tuple(target.get("tags") or ()),
+        capability=target.get("capability"),
+        rules=tuple(sorted((target.get("rules") or {}).items())),
+    )
+    if cache is not None:
+        found = cache.get(session, flt, now, policy, task.method)
+    else:
+        found = registry.load_candidates(session, flt, now, policy, method=task.method)
+    pinned = target.get("instance_id")
+    if pinned:
+        found = [c for c in found if c.instance_id == pinned]
+    return flt, found
+
+
+def route(
+    session: Session,
+    task: Claimed,
+    now: float,
+    policy: Policy,
+    dpolicy: DeliveryPolicy,
+    rng: random.Random,
+    cache: registry.CandidateCache | None = None,
+) -> Dispatch | str:
+    """The attempt's `Dispatch`, or why no instance can take it (a route refusal)."""
+    flt, found = candidates(session, task, now, policy, cache)
+    pinned = task.target.get("instance_id")
+    if not pinned and not flt.agent_id and task.trace and task.trace.get("path"):  # no loop
+        found = [c for c in found if c.agent_id not in task.trace["path"]]
+    screened: trust.Screened | None = None
+    if any(is_l3(c.trust_level) for c in found):  # else: not a read more
+        screened = trust.screen_candidates(
+            session, task.caller, found, task.method, flt.capability, task.payload,
+            dpolicy.l3_max_payload_bytes,
+        )  # fmt: skip
+        found = screened.allowed
+        if not found:
+            return f"no instance of {flt.describe()} may be reached: {screened.reason}"
+    exclude = {task.instance_id} if task.instance_id and task.retries else set()
+    while True:
+        try:
+            chosen = choose_excluding(found, flt, rng, exclude)
+        except NoSuitableAgent as exc:
+            return exc.detail
+        ticket = breaker_store.ticket_for(session, chosen, now, dpolicy.breaker)
+        if ticket is not None:
+            break
+        # its breaker's trial is due and another delivery claimed it: not ours to use
+        found = [c for c in found if c.instance_id != chosen.instance_id]
+    timeout = dpolicy.exchange_timeout_ms(task.timeout_ms)
+    deadline = now + dpolicy.connect_timeout + timeout
+    session.connection().execute(
+        ASSIGN,
+        {
+            "b_task_id": task.task_id,
+            "b_instance": chosen.instance_id,
+            "b_agent": chosen.agent_id,
+            "b_deadline": deadline,
+        },
+    )
+    detail: dict[str, Any] = {
+        "endpoint": shown_endpoint(chosen.endpoint),  # no channel's socket secret in events
+        "reach_score": round(chosen.reach_score, 1),
+    }
+    if ticket.trial:
+        detail["breaker_trial"] = True
+    if screened is not None:
+        if screened.refused:
+            detail["screened_out"] = sorted(screened.refused)
+        if is_l3(chosen.trust_level) or is_l3(screened.caller.trust):
+            screened.record(session, chosen, task.task_id, task.attempt_seq, now)
+    insert_event(
+        session, task.task_id, chosen.agent_id, chosen.instance_id, task.attempt_seq,
+        "dispatched", now, detail,
+    )  # fmt: skip
+    body = {
+        "task_id": task.task_id,
+        "method": task.method,
+        "payload": task.payload,
+        "attempt_seq": task.attempt_seq,
+        "idempotency_key": task.idempotency_key or task.task_id,
+        "trace": task.trace,
+        "session_id": task.session_id,
+        "deadline": deadline,
+    }
+    return Dispatch(
+        task.task_id,
+        task.attempt_seq,
+        task.lease_token,
+        f"{chosen.endpoint}/tasks/{task.method}",
+        body,
+        chosen.instance_id,
+        chosen.agent_id,
+        timeout,
+        dpolicy.connect_timeout,
+        ticket,
+        task.method,
+        task.payload,
+        session_id=task.session_id,
+        trust_level=chosen.trust_level,
+        caller=task.caller,
+        protocol=chosen.protocol,
+        peer=peer_of(session, chosen.instance_id) if chosen.protocol == PROTOCOL_A2A else None,
+        max_concurrency=chosen.max_concurrency,
+    )
+
+
+def wait_for_budget(
+    session: Session, claimed: Claimed, now: float, agent_id: str, delay: float
+) -> Publish:
+    """A re-send beyond its target's retry budget waits (``reach.hub.retry_budget``):
+    deferred and checked again when it fires; no retry or deferral spent, not a failure."""
+    task = load_for_update(session, claimed.task_id)
+    assert task is not None
+    detail = {"budget_wait": True, "agent_id": agent_id, "retry": task.retries}
+    return schedule_retry(session, task, now, delay, "retry_budget", detail)
+
+
+def wait_for_breakers(
+    session: Session,
+    task: TaskRow,
+    claimed: Claimed,
+    now: float,
+    policy: Policy,
+    dpolicy: DeliveryPolicy,
+    rng: random.Random,
+    cache: registry.CandidateCache | None,
+) -> Publish | None:
+    """No route: if only breakers hold the live instances out, defer to the next trial."""
+    if task.deferrals >= dpolicy.max_deferrals:
+        return None
+    _, found = candidates(session, claimed, now, policy, cache)
+    found = breaker_store.open_failing(session, found, now, dpolicy.breaker)
+    trial = dpolicy.breaker.trial_interval_s
+    until = breaker_store.held_back_until(found, now, recheck_s=min(1.0, trial))
+    if until is None:
+        return None
+    detail = {"breaker_wait": True, "next_trial_at": until}
+    return defer_attempt(
+        session, task, now, until - now, min(1.0, trial / 10), "breaker_open", detail,
+        dpolicy.max_deferrals, rng,
+    )  # fmt: skip
