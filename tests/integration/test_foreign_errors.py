@@ -159,7 +159,7 @@ def test_the_database_lost_while_the_agent_works_is_hub_unavailable(pg_url: str)
 
         killer = threading.Thread(target=drop_connections_during_the_call, daemon=True)
         killer.start()
-        with pytest.raises(HubUnavailable, match="recording an attempt.s answer"):
+        with pytest.raises(HubUnavailable, match="recording an attempt's answer"):
             _deliver(sessions, task_id)
         killer.join(10)
         assert agent.calls[task_id] == 1
