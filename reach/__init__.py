@@ -78,7 +78,12 @@ _LAZY = {
     "verify_webhook": "reach.sdk.webhooks",
 }
 
+# Submodules that are part of the surface, loaded the same way: ``reach.aio`` brings
+# aiohttp, which a synchronous caller never needs.
+_LAZY_MODULES = frozenset({"aio"})
+
 if TYPE_CHECKING:
+    from reach import aio
     from reach.schemas import Capability
     from reach.sdk.agent import ACCEPTED, Agent
     from reach.sdk.callbacks import verify_callback
@@ -102,18 +107,20 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
+    from importlib import import_module
+
+    if name in _LAZY_MODULES:
+        return import_module(f"reach.{name}")  # importing binds it here as an attribute
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'reach' has no attribute {name!r}")
-    from importlib import import_module
-
     value = getattr(import_module(module), name)
     globals()[name] = value  # once loaded, a plain attribute
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | _LAZY_MODULES)
 
 
 __version__ = "0.1.0"
@@ -170,6 +177,7 @@ __all__ = [
     "UnknownSession",
     "UnknownTask",
     "__version__",
+    "aio",
     "broadcast",
     "close_session",
     "find",

@@ -17,6 +17,11 @@ model. ``get_task`` shows a parked task's status as is: ``awaiting_approval``.
 
 Every function takes ``api_key``; by default, inside a handler, that agent's own key, else
 ``$REACH_API_KEY`` (see ``reach.sdk.hub_client.default_api_key``).
+
+``reach.aio`` is the asyncio twin of these functions and shares all but the sending: each
+function here builds a `Call` (what to ask the hub: path, body, the keys its answer must
+hold, how long to wait for it) and reads the answer with a pure function (`submission_of`,
+`settled`, `broadcast_of` ...); only `ask`, which sends a call on ``requests``, differs.
 """
 
 from __future__ import annotations
@@ -39,10 +44,38 @@ from reach.errors import (
 from reach.sdk import trace
 from reach.sdk.hub_client import HubClient
 
+SEMANTIC_READ_TIMEOUT = 60.0
+LONG_POLL_S = 30.0  # the longest one GET waits at the hub; a longer wait asks again
+_SUBMITTED = ("task_id", "status")
+_MATCHED = ("candidates",)
+_VIEW = ("task_id", "status", "attempt_seq")
+_BROADCAST = ("broadcast_id", "complete", "reason", "succeeded", "results")
 
-def _client(hub: str | None, read_timeout: float = 10.0, api_key: str | None = None) -> HubClient:
-    """A client on this process's pooled session for the hub (see ``hub_client``)."""
-    return HubClient(hub, read_timeout=read_timeout, shared=True, api_key=api_key)
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One request to the hub, decided without I/O: `ask` sends it, and ``reach.aio`` on
+    its asyncio client. ``data`` is the query of a GET or the JSON body of a POST; the
+    answer must be a JSON object holding ``keys``."""
+
+    verb: str
+    path: str
+    data: dict[str, Any] | None = None
+    keys: tuple[str, ...] = ()
+    read_timeout: float = 10.0
+
+
+def ask(call: Call, hub: str | None, api_key: str | None) -> dict[str, Any]:
+    """Send ``call`` on this process's pooled session for the hub (see ``hub_client``)."""
+    client = HubClient(hub, read_timeout=call.read_timeout, shared=True, api_key=api_key)
+    if call.verb == "GET":
+        return client.get(call.path, params=call.data, keys=call.keys)
+    return client.post(call.path, call.data or {}, keys=call.keys)
+
+
+def _present(fields: dict[str, Any]) -> dict[str, Any]:
+    """What the hub is sent: a field left None takes the hub's default."""
+    return {k: v for k, v in fields.items() if v is not None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +147,44 @@ def send(
     retried here -- the caller decides whether to wait that long. A reach that would
     repeat an agent of its own path raises ``LoopDetected``; one bound to a closed
     ``session_id`` raises ``SessionClosed``."""
+    call = send_call(
+        method=method,
+        payload=payload,
+        agent_id=agent_id,
+        tags=tags,
+        capability=capability,
+        intent=intent,
+        rules=rules,
+        task_id=task_id,
+        timeout_ms=timeout_ms,
+        session_id=session_id,
+        priority=priority,
+        callback_url=callback_url,
+        callback_context=callback_context,
+        callback_progress=callback_progress,
+    )
+    return submission_of(ask(call, hub, api_key))
+
+
+def send_call(
+    *,
+    method: str | None,
+    payload: dict[str, Any] | None,
+    agent_id: str | None,
+    tags: Sequence[str],
+    capability: str | None,
+    intent: str | None,
+    rules: dict[str, str | int | float | bool] | None,
+    task_id: str | None,
+    timeout_ms: int,
+    session_id: str | None,
+    priority: str,
+    callback_url: str | None,
+    callback_context: Any,
+    callback_progress: bool,
+) -> Call:
+    """The submit of `send`. Inside a handler it carries the handler's trace one hop on
+    and its session: build it in the context (thread or asyncio task) that sends it."""
     body: dict[str, Any] = {
         "method": method,
         "payload": payload or {},
@@ -133,9 +204,10 @@ def send(
     }
     # the first intent a hub process matches may wait for its model to load (seconds)
     read_timeout = SEMANTIC_READ_TIMEOUT if intent is not None else 10.0
-    answer = _client(hub, read_timeout, api_key=api_key).post(
-        "/v1/tasks", {k: v for k, v in body.items() if v is not None}, keys=_SUBMITTED
-    )
+    return Call("POST", "/v1/tasks", _present(body), _SUBMITTED, read_timeout)
+
+
+def submission_of(answer: dict[str, Any]) -> Submission:
     return Submission(
         answer["task_id"], answer["status"], answer.get("agent_id"), answer.get("method")
     )
@@ -156,6 +228,21 @@ def find(
     with this intent would choose from, without sending. Nothing at the hub's threshold
     raises ``NoSuitableAgent`` (``.extra["candidates"]``: the closest, with scores); a
     hub without semantic matching raises ``SemanticMatchingOff``."""
+    call = find_call(
+        intent, agent_id=agent_id, tags=tags, capability=capability, method=method, limit=limit
+    )
+    return matches_of(ask(call, hub, api_key))
+
+
+def find_call(
+    intent: str,
+    *,
+    agent_id: str | None,
+    tags: Sequence[str],
+    capability: str | None,
+    method: str | None,
+    limit: int,
+) -> Call:
     params: dict[str, Any] = {
         "intent": intent,
         "agent_id": agent_id,
@@ -164,17 +251,11 @@ def find(
         "method": method,
         "limit": limit,
     }
-    answer = _client(hub, SEMANTIC_READ_TIMEOUT, api_key=api_key).get(
-        "/v1/match", params={k: v for k, v in params.items() if v is not None}, keys=_MATCHED
-    )
+    return Call("GET", "/v1/match", _present(params), _MATCHED, SEMANTIC_READ_TIMEOUT)
+
+
+def matches_of(answer: dict[str, Any]) -> list[Match]:
     return [Match(c["agent_id"], c["capability"], float(c["score"])) for c in answer["candidates"]]
-
-
-SEMANTIC_READ_TIMEOUT = 60.0
-_SUBMITTED = ("task_id", "status")
-_MATCHED = ("candidates",)
-_VIEW = ("task_id", "status", "attempt_seq")
-_BROADCAST = ("broadcast_id", "complete", "reason", "succeeded", "results")
 
 
 def get_task(
@@ -182,8 +263,12 @@ def get_task(
 ) -> dict[str, Any]:
     """The task's view (long-polls up to ``wait`` s for a change); a task the key may not
     read raises ``UnknownTask``, like one that does not exist."""
-    client = _client(hub, read_timeout=wait + 10, api_key=api_key)
-    return client.get(f"/v1/tasks/{task_id}", params={"wait": wait} if wait else None, keys=_VIEW)
+    return ask(get_task_call(task_id, wait), hub, api_key)
+
+
+def get_task_call(task_id: str, wait: float) -> Call:
+    params = {"wait": wait} if wait else None
+    return Call("GET", f"/v1/tasks/{task_id}", params, _VIEW, read_timeout=wait + 10)
 
 
 def wait_for_result(
@@ -191,21 +276,27 @@ def wait_for_result(
 ) -> TaskResult:
     """Block until the task is terminal; return its data or raise the typed error."""
     deadline = time.monotonic() + timeout
-    client = _client(hub, read_timeout=40.0, api_key=api_key)
     while True:
-        left = deadline - time.monotonic()
-        view = client.get(
-            f"/v1/tasks/{task_id}",
-            params={"wait": round(max(0.0, min(left, 30.0)), 3)},
-            keys=_VIEW,
-        )
-        if view["status"] in TERMINAL:
-            return _outcome(view)
+        view = ask(poll_call(task_id, deadline - time.monotonic()), hub, api_key)
+        result = settled(view)
+        if result is not None:
+            return result
         if time.monotonic() >= deadline:
-            raise _timeout(view, task_id, timeout)
+            raise result_timeout(view, task_id, timeout)
 
 
-def _timeout(view: dict[str, Any], task_id: str, timeout: float) -> ResultTimeout:
+def poll_call(task_id: str, left: float) -> Call:
+    """One long-poll of `wait_for_result`, ``left`` seconds before its deadline."""
+    wait = round(max(0.0, min(left, LONG_POLL_S)), 3)
+    return Call("GET", f"/v1/tasks/{task_id}", {"wait": wait}, _VIEW, read_timeout=40.0)
+
+
+def settled(view: dict[str, Any]) -> TaskResult | None:
+    """A terminal task's result (or its typed error, raised); None while it runs."""
+    return outcome(view) if view["status"] in TERMINAL else None
+
+
+def result_timeout(view: dict[str, Any], task_id: str, timeout: float) -> ResultTimeout:
     """A parked task did not time out on its own: it waits for a human, and says so."""
     status = view["status"]
     if status == TaskStatus.AWAITING_APPROVAL:
@@ -227,7 +318,8 @@ def _timeout(view: dict[str, Any], task_id: str, timeout: float) -> ResultTimeou
     )
 
 
-def _outcome(view: dict[str, Any]) -> TaskResult:
+def outcome(view: dict[str, Any]) -> TaskResult:
+    """A terminal task's result, or the typed error it ended with (raised)."""
     status = view["status"]
     error = view.get("error") or {}
     if status == "success":
@@ -295,6 +387,21 @@ def report_result(
     (``Agent.report_result`` fills both in). A report without them is refused (422); one
     for an attempt or instance the task no longer waits on raises ``StaleReport``.
     """
+    call = result_call(
+        task_id, data, code=code, message=message, attempt_seq=attempt_seq, instance_id=instance_id
+    )
+    return bool(ask(call, hub, api_key)["decided"])
+
+
+def result_call(
+    task_id: str,
+    data: Any,
+    *,
+    code: int,
+    message: str,
+    attempt_seq: int | None,
+    instance_id: str | None,
+) -> Call:
     body = {
         "code": code,
         "data": data,
@@ -302,12 +409,7 @@ def report_result(
         "attempt_seq": attempt_seq,
         "instance_id": instance_id,
     }
-    answer = _client(hub, api_key=api_key).post(
-        f"/v1/tasks/{task_id}/result",
-        {k: v for k, v in body.items() if v is not None},
-        keys=("decided",),
-    )
-    return bool(answer["decided"])
+    return Call("POST", f"/v1/tasks/{task_id}/result", _present(body), ("decided",))
 
 
 def report_progress(
@@ -322,6 +424,21 @@ def report_progress(
     api_key: str | None = None,
 ) -> None:
     """Report progress of an accepted task; named like a result (see `report_result`)."""
+    call = progress_call(
+        task_id, progress, message, data, attempt_seq=attempt_seq, instance_id=instance_id
+    )
+    ask(call, hub, api_key)
+
+
+def progress_call(
+    task_id: str,
+    progress: float | None,
+    message: str,
+    data: Any,
+    *,
+    attempt_seq: int | None,
+    instance_id: str | None,
+) -> Call:
     body = {
         "progress": progress,
         "message": message,
@@ -329,9 +446,7 @@ def report_progress(
         "attempt_seq": attempt_seq,
         "instance_id": instance_id,
     }
-    _client(hub, api_key=api_key).post(
-        f"/v1/tasks/{task_id}/progress", {k: v for k, v in body.items() if v is not None}
-    )
+    return Call("POST", f"/v1/tasks/{task_id}/progress", _present(body))
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,6 +480,33 @@ def broadcast(
     Returns as soon as ``min_results`` targets succeeded (all, by default), every target
     finished, or ``timeout`` passed; each target's status is in ``results``.
     """
+    call = broadcast_call(
+        method=method,
+        payload=payload,
+        capability=capability,
+        tags=tags,
+        rules=rules,
+        min_results=min_results,
+        timeout=timeout,
+    )
+    view = ask(call, hub, api_key)
+    deadline = time.monotonic() + timeout
+    while not view["complete"] and time.monotonic() < deadline:
+        left = deadline - time.monotonic()
+        view = ask(broadcast_poll_call(view["broadcast_id"], left, timeout), hub, api_key)
+    return broadcast_of(view)
+
+
+def broadcast_call(
+    *,
+    method: str,
+    payload: dict[str, Any] | None,
+    capability: str | None,
+    tags: Sequence[str],
+    rules: dict[str, str | int | float | bool] | None,
+    min_results: int | None,
+    timeout: float,
+) -> Call:
     body = {
         "method": method,
         "payload": payload or {},
@@ -374,16 +516,17 @@ def broadcast(
         "min_results": min_results,
         "timeout_ms": max(1, int(timeout * 1000)),
     }
-    client = _client(hub, read_timeout=timeout + 15, api_key=api_key)
-    view = client.post(
-        "/v1/broadcasts", {k: v for k, v in body.items() if v is not None}, keys=_BROADCAST
-    )
-    deadline = time.monotonic() + timeout
-    while not view["complete"] and time.monotonic() < deadline:
-        wait = round(max(0.0, min(deadline - time.monotonic(), 30.0)), 3)
-        view = client.get(
-            f"/v1/broadcasts/{view['broadcast_id']}", params={"wait": wait}, keys=_BROADCAST
-        )
+    return Call("POST", "/v1/broadcasts", _present(body), _BROADCAST, read_timeout=timeout + 15)
+
+
+def broadcast_poll_call(broadcast_id: str, left: float, timeout: float) -> Call:
+    """One long-poll of `broadcast`, ``left`` seconds before its ``timeout`` ends."""
+    wait = round(max(0.0, min(left, LONG_POLL_S)), 3)
+    path = f"/v1/broadcasts/{broadcast_id}"
+    return Call("GET", path, {"wait": wait}, _BROADCAST, read_timeout=timeout + 15)
+
+
+def broadcast_of(view: dict[str, Any]) -> BroadcastResult:
     return BroadcastResult(
         view["broadcast_id"], view["complete"], view["reason"], view["succeeded"], view["results"]
     )

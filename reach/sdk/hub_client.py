@@ -13,10 +13,15 @@ traffic can never hold up the signal that the process is alive.
 Credentials go per request (``Authorization: Bearer <key>``), never on a session: one
 process may call one hub with several keys over the same pooled connections. The key is
 kept out of reprs, logs and error details (a detail that echoes it is scrubbed).
+
+The asyncio client (``reach.sdk.aio_client``) stops foreign exceptions at the same edge:
+both hand what came back to `answer` (or what failed to `unavailable`), so a refusal or a
+malformed answer is the same typed error whichever client met it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections.abc import Mapping
@@ -214,17 +219,56 @@ class HubClient:
                 method, url, timeout=self.timeout, headers=self._headers, **kwargs
             )
         except requests.RequestException as exc:
-            detail = redact(str(exc), self._api_key)
-            what = (
-                "did not answer in time" if isinstance(exc, requests.Timeout) else "is unreachable"
+            error, cause = unavailable(
+                self.base_url,
+                exc,
+                timed_out=isinstance(exc, requests.Timeout),
+                api_key=self._api_key,
             )
-            # the cause is dropped when its text holds the key (a traceback would show it)
-            cause = exc if detail == str(exc) else None
-            raise HubUnavailable(f"hub at {self.base_url} {what}: {detail}") from cause
-        if resp.status_code >= 400:
-            problem = _scrubbed(_json_or_empty(resp), self._api_key)
-            raise _refusal(error_for_problem(problem, resp.status_code), resp.status_code)
-        return _expected(resp, keys, f"{method} {self.base_url}{path}"), resp.headers
+            raise error from cause
+        data = answer(
+            resp.status_code,
+            resp.headers.get("Content-Type"),
+            resp.content,
+            keys,
+            f"{method} {self.base_url}{path}",
+            self._api_key,
+        )
+        return data, resp.headers
+
+
+# -- the edge, shared with the asyncio client (reach.sdk.aio_client): pure, no I/O -----------
+def unavailable(
+    base_url: str, exc: BaseException, *, timed_out: bool, api_key: str | None
+) -> tuple[HubUnavailable, BaseException | None]:
+    """The `HubUnavailable` a failed exchange raises, and the cause to chain to it: none
+    when the cause's text holds the key (a traceback would show it)."""
+    text = str(exc) or type(exc).__name__  # a bare timeout has no text
+    detail = redact(text, api_key)
+    what = "did not answer in time" if timed_out else "is unreachable"
+    error = HubUnavailable(f"hub at {base_url} {what}: {detail}")
+    return error, (exc if detail == text else None)
+
+
+def answer(
+    status: int,
+    content_type: str | None,
+    body: bytes,
+    keys: tuple[str, ...],
+    what: str,
+    api_key: str | None,
+) -> dict[str, Any]:
+    """The JSON object of a success answer holding ``keys``; else raise the typed error:
+    the hub's refusal (`refused`), or `ProtocolError` saying what came instead."""
+    if status >= 400:
+        raise refused(status, body, api_key)
+    return _expected(status, content_type, body, keys, what)
+
+
+def refused(status: int, body: bytes, api_key: str | None) -> ReachError:
+    """The typed error of a refusal (status >= 400): its problem document, key scrubbed."""
+    problem = _scrubbed(_json_or_empty(status, body), api_key)
+    return _refusal(error_for_problem(problem, status), status)
 
 
 def _refusal(error: ReachError, status: int) -> ReachError:
@@ -248,35 +292,41 @@ def _scrubbed(value: Any, api_key: str | None) -> Any:
     return value
 
 
-def _expected(resp: requests.Response, keys: tuple[str, ...], what: str) -> dict[str, Any]:
+def _expected(
+    status: int, content_type: str | None, body: bytes, keys: tuple[str, ...], what: str
+) -> dict[str, Any]:
     """The JSON object of a success answer, or `ProtocolError` saying what came instead."""
-    kind = resp.headers.get("Content-Type") or "no content type"
+    kind = content_type or "no content type"
     try:
-        data = resp.json()
+        data = json.loads(body)
     except ValueError:
         raise ProtocolError(
-            f"{what} answered {resp.status_code} ({kind}) with a body that is not JSON: "
-            f"{resp.text[:200]!r}",
-            http_status=resp.status_code,
+            f"{what} answered {status} ({kind}) with a body that is not JSON: "
+            f"{_text(body)[:200]!r}",
+            http_status=status,
         ) from None
     if not isinstance(data, dict):
         raise ProtocolError(
-            f"{what} answered {resp.status_code} with JSON {type(data).__name__}, not an object",
-            http_status=resp.status_code,
+            f"{what} answered {status} with JSON {type(data).__name__}, not an object",
+            http_status=status,
         )
     missing = [k for k in keys if k not in data]
     if missing:
         raise ProtocolError(
-            f"{what} answered {resp.status_code} without {', '.join(missing)}",
-            http_status=resp.status_code,
+            f"{what} answered {status} without {', '.join(missing)}",
+            http_status=status,
             missing=missing,
         )
     return data
 
 
-def _json_or_empty(resp: requests.Response) -> dict[str, Any]:
+def _json_or_empty(status: int, body: bytes) -> dict[str, Any]:
     try:
-        data = resp.json()
+        data = json.loads(body)
     except ValueError:
-        return {"detail": resp.text[:500] or f"HTTP {resp.status_code}"}
+        return {"detail": _text(body)[:500] or f"HTTP {status}"}
     return data if isinstance(data, dict) else {"value": data}
+
+
+def _text(body: bytes) -> str:
+    return body.decode("utf-8", "replace")

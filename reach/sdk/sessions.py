@@ -31,9 +31,20 @@ from cachetools import LRUCache
 
 from reach.errors import ReachError, UnknownSession
 from reach.sdk import trace
-from reach.sdk.hub_client import HubClient
+from reach.sdk.caller import Call, ask
 
-__all__ = ["close_session", "get_session", "note_closed", "open_session", "session_alive"]
+__all__ = [
+    "close_call",
+    "close_session",
+    "get_call",
+    "get_session",
+    "known_liveness",
+    "learned_liveness",
+    "note_closed",
+    "open_call",
+    "open_session",
+    "session_alive",
+]
 
 RECHECK_S = 1.0
 """How long `session_alive` trusts the hub's last answer about one session."""
@@ -41,10 +52,6 @@ RECHECK_S = 1.0
 _lock = threading.Lock()
 _closed: LRUCache[str, float] = LRUCache(maxsize=10_000)  # session id -> when we heard
 _checked: LRUCache[str, tuple[float, bool]] = LRUCache(maxsize=10_000)  # -> (monotonic, alive)
-
-
-def _client(hub: str | None, api_key: str | None) -> HubClient:
-    return HubClient(hub, shared=True, api_key=api_key)
 
 
 def _path(session_id: str, action: str = "") -> str:
@@ -61,8 +68,12 @@ def open_session(
     """Open ``session_id`` (or renew an open one's TTL); ``ttl_s`` None: the hub's
     ``sessions.default_ttl_s``. A closed or expired session raises ``SessionClosed``:
     closing is final."""
+    return ask(open_call(session_id, ttl_s), hub, api_key)
+
+
+def open_call(session_id: str, ttl_s: float | None) -> Call:
     body = {} if ttl_s is None else {"ttl_s": ttl_s}
-    return _client(hub, api_key).post(_path(session_id, "open"), body, keys=("state",))
+    return Call("POST", _path(session_id, "open"), body, ("state",))
 
 
 def close_session(
@@ -75,12 +86,14 @@ def close_session(
     """Close ``session_id``: its queued and parked reaches are cancelled (their ids are in
     ``["cancelled"]``), in-flight ones are told (``["in_flight"]`` counts them), and new
     reaches for it raise ``SessionClosed``. Closing one never opened records it closed."""
-    body = {} if reason is None else {"reason": reason}
-    answer = _client(hub, api_key).post(
-        _path(session_id, "close"), body, keys=("state", "cancelled")
-    )
+    answer = ask(close_call(session_id, reason), hub, api_key)
     note_closed([session_id])
     return answer
+
+
+def close_call(session_id: str, reason: str | None) -> Call:
+    body = {} if reason is None else {"reason": reason}
+    return Call("POST", _path(session_id, "close"), body, ("state", "cancelled"))
 
 
 def get_session(
@@ -88,7 +101,11 @@ def get_session(
 ) -> dict[str, Any]:
     """The session's ``state`` (open, closed, expired), TTL left and its reaches counted;
     ``UnknownSession`` for one never opened or closed, or one this key may not see."""
-    return _client(hub, api_key).get(_path(session_id), keys=("state", "alive"))
+    return ask(get_call(session_id), hub, api_key)
+
+
+def get_call(session_id: str) -> Call:
+    return Call("GET", _path(session_id), None, ("state", "alive"))
 
 
 def session_alive(*, hub: str | None = None, api_key: str | None = None) -> bool:
@@ -98,18 +115,37 @@ def session_alive(*, hub: str | None = None, api_key: str | None = None) -> bool
     if session_id is None:
         return True
     now = time.monotonic()
+    known = known_liveness(session_id, now)
+    if known is not None:
+        return known
+    try:
+        view: dict[str, Any] | ReachError = get_session(session_id, hub=hub, api_key=api_key)
+    except ReachError as exc:
+        view = exc
+    return learned_liveness(session_id, now, view)
+
+
+def known_liveness(session_id: str, now: float) -> bool | None:
+    """What this process knows of the session without asking: False once it heard it
+    closed, the hub's answer of the last `RECHECK_S`, else None (ask the hub)."""
     with _lock:
         if session_id in _closed:
             return False
         checked = _checked.get(session_id)
         if checked is not None and now - checked[0] < RECHECK_S:
             return checked[1]
-    try:
-        alive = bool(get_session(session_id, hub=hub, api_key=api_key).get("alive", True))
-    except UnknownSession:
+    return None
+
+
+def learned_liveness(session_id: str, now: float, view: dict[str, Any] | ReachError) -> bool:
+    """Whether the session is alive, from the hub's view of it (asked at ``now``) or the
+    error asking raised; remembered for the next `RECHECK_S`."""
+    if isinstance(view, UnknownSession):
         alive = True  # never opened nor closed: implicitly open
-    except ReachError:
+    elif isinstance(view, ReachError):
         return True  # the hub is unreachable or refuses: do not stop work on a guess
+    else:
+        alive = bool(view.get("alive", True))
     with _lock:
         _checked[session_id] = (now, alive)
     if not alive:

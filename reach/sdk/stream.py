@@ -6,7 +6,8 @@ id. A dropped connection is reopened with ``Last-Event-ID``, so the iterator yie
 every event once and in order, and ends after the final one. The same iterator follows
 a DAG run (``/api/v1/dag-runs/{id}/stream``: ``node`` events, then ``run``) or a
 broadcast (``/v1/broadcasts/{id}/stream``: ``answer`` events, then ``complete``) with
-`stream_path`.
+`stream_path`. ``reach.aio.stream`` follows on asyncio the same way: `SSEParser` cuts the
+bytes into events and `Resumption` decides when and from where to reopen, for both.
 """
 
 from __future__ import annotations
@@ -19,10 +20,16 @@ from typing import Any, Final
 
 import requests
 
-from reach.errors import HubUnavailable, ProtocolError, ResultTimeout, error_for_problem
-from reach.sdk.hub_client import auth_headers, default_hub_url, redact, resolve_api_key
+from reach.errors import HubUnavailable, ProtocolError, ResultTimeout
+from reach.sdk.hub_client import (
+    auth_headers,
+    default_hub_url,
+    redact,
+    refused,
+    resolve_api_key,
+)
 
-__all__ = ["StreamEvent", "parse_sse", "stream", "stream_path"]
+__all__ = ["Resumption", "SSEParser", "StreamEvent", "parse_sse", "stream", "stream_path"]
 
 FINAL_KINDS: Final = frozenset({"result", "complete", "run"})
 _TERMINAL: Final = frozenset({"success", "failed", "dead", "cancelled"})
@@ -49,15 +56,23 @@ class StreamEvent:
         return False
 
 
-def parse_sse(chunks: Iterable[bytes | str]) -> Iterator[tuple[str, str, str | None]]:
-    """``(event, data, id)`` of each event in an SSE byte stream (comments, pings and
-    ``retry:`` are skipped; a trailing event without its blank line is not yielded)."""
-    buffer = ""
-    event, event_id = "", None
-    data: list[str] = []
-    for chunk in chunks:
-        buffer += chunk.decode("utf-8", "replace") if isinstance(chunk, bytes) else chunk
+class SSEParser:
+    """An SSE byte stream cut into events as its chunks arrive (`feed`), whichever client
+    reads them: comments, pings and ``retry:`` are skipped; an event is complete at its
+    blank line, and a line cut between chunks waits for the rest."""
+
+    def __init__(self) -> None:
+        self._buffer = ""
+        self._event = ""
+        self._id: str | None = None
+        self._data: list[str] = []
+
+    def feed(self, chunk: bytes | str) -> list[tuple[str, str, str | None]]:
+        """``(event, data, id)`` of each event this chunk completes."""
+        self._buffer += chunk.decode("utf-8", "replace") if isinstance(chunk, bytes) else chunk
+        done: list[tuple[str, str, str | None]] = []
         while True:
+            buffer = self._buffer
             cut = min((i for i in (buffer.find("\r"), buffer.find("\n")) if i >= 0), default=-1)
             if cut < 0:
                 break
@@ -65,22 +80,101 @@ def parse_sse(chunks: Iterable[bytes | str]) -> Iterator[tuple[str, str, str | N
                 break  # a \r at the end: its \n may be in the next chunk
             line = buffer[:cut]
             step = 2 if buffer.startswith("\r\n", cut) else 1
-            buffer = buffer[cut + step :]
+            self._buffer = buffer[cut + step :]
             if not line:
-                if data or event:
-                    yield event or "message", "\n".join(data), event_id
-                event, data = "", []
+                if self._data or self._event:
+                    done.append((self._event or "message", "\n".join(self._data), self._id))
+                self._event, self._data = "", []
                 continue
             if line.startswith(":"):
                 continue
             name, _, value = line.partition(":")
             value = value.removeprefix(" ")
             if name == "event":
-                event = value
+                self._event = value
             elif name == "data":
-                data.append(value)
+                self._data.append(value)
             elif name == "id" and "\0" not in value:
-                event_id = value
+                self._id = value
+        return done
+
+
+def parse_sse(chunks: Iterable[bytes | str]) -> Iterator[tuple[str, str, str | None]]:
+    """``(event, data, id)`` of each event in an SSE byte stream (see `SSEParser`; a
+    trailing event without its blank line is not yielded)."""
+    parser = SSEParser()
+    for chunk in chunks:
+        yield from parser.feed(chunk)
+
+
+class Resumption:
+    """Where a followed stream stands between its connections: the last id seen, the
+    pause before reopening, the drops in a row and the deadline. The sync and the asyncio
+    iterators (``reach.aio.stream``) differ only in how they read; this decides the rest.
+    """
+
+    def __init__(
+        self,
+        base: str,
+        path: str,
+        api_key: str | None,
+        timeout: float | None,
+        last_event_id: int | None,
+    ) -> None:
+        self.base, self.path, self.api_key, self.timeout = base, path, api_key, timeout
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.last = last_event_id
+        self._pause, self._failures = 0.2, 0
+
+    @property
+    def url(self) -> str:
+        return self.base + self.path
+
+    def headers(self) -> dict[str, str]:
+        """The next connection's headers: resume after the last event seen."""
+        headers = {"Accept": "text/event-stream", **auth_headers(self.api_key)}
+        if self.last is not None:
+            headers["Last-Event-ID"] = str(self.last)
+        return headers
+
+    def read_timeout(self) -> float:
+        """The longest silence on the next connection: a ping's absence, or the deadline."""
+        if self.deadline is None:
+            return _READ_TIMEOUT_S
+        return max(0.1, min(_READ_TIMEOUT_S, self.deadline - time.monotonic()))
+
+    def seen(self, kind: str, data: str, event_id: str | None) -> StreamEvent:
+        """The event parsed from the wire, remembered as the place to resume after."""
+        event = StreamEvent(kind, _json(data), _int(event_id))
+        if event.id is not None:
+            self.last = event.id
+        self._pause, self._failures = 0.2, 0
+        return event
+
+    def dropped(self, detail: str) -> None:
+        """The connection failed (``detail`` says how): raise when it is time to give up
+        -- `ResultTimeout` past the deadline, else `HubUnavailable` after `MAX_FAILURES`
+        drops in a row without a deadline; return to try again."""
+        self._failures += 1
+        if self._past_deadline():
+            raise ResultTimeout(self._timed_out()) from None
+        if self.deadline is None and self._failures >= MAX_FAILURES:
+            detail = redact(detail, self.api_key)
+            raise HubUnavailable(f"hub at {self.base} is unreachable: {detail}") from None
+
+    def pause(self) -> float:
+        """How long to wait before reopening (doubling up to 5 s); `ResultTimeout` past
+        the deadline."""
+        if self._past_deadline():
+            raise ResultTimeout(self._timed_out())
+        pause, self._pause = self._pause, min(self._pause * 2, 5.0)
+        return pause
+
+    def _past_deadline(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def _timed_out(self) -> str:
+        return f"no final event from {self.path} within {self.timeout}s"
 
 
 def stream(
@@ -111,50 +205,27 @@ def stream_path(
     last_event_id: int | None = None,
 ) -> Iterator[StreamEvent]:
     """Follow any of the hub's streams (see the module docstring), resuming on drops."""
-    base = (hub or default_hub_url()).rstrip("/")
     key = resolve_api_key(api_key)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    last = last_event_id
-    pause, failures = 0.2, 0
+    follow = Resumption((hub or default_hub_url()).rstrip("/"), path, key, timeout, last_event_id)
     with requests.Session() as http:
         while True:
-            headers = {"Accept": "text/event-stream", **auth_headers(key)}
-            if last is not None:
-                headers["Last-Event-ID"] = str(last)
-            read = _READ_TIMEOUT_S
-            if deadline is not None:
-                read = max(0.1, min(read, deadline - time.monotonic()))
             try:
                 with http.get(
-                    base + path, headers=headers, stream=True, timeout=(3.0, read)
+                    follow.url,
+                    headers=follow.headers(),
+                    stream=True,
+                    timeout=(3.0, follow.read_timeout()),
                 ) as resp:
                     if resp.status_code >= 400:
-                        try:
-                            problem = resp.json()
-                        except ValueError:
-                            problem = {}
-                        raise error_for_problem(
-                            problem if isinstance(problem, dict) else {}, resp.status_code
-                        )
+                        raise refused(resp.status_code, resp.content, key)
                     for kind, data, event_id in parse_sse(resp.iter_content(chunk_size=None)):
-                        event = StreamEvent(kind, _json(data), _int(event_id))
-                        if event.id is not None:
-                            last = event.id
-                        pause, failures = 0.2, 0
+                        event = follow.seen(kind, data, event_id)
                         yield event
                         if event.final:
                             return
             except requests.RequestException as exc:
-                failures += 1
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise ResultTimeout(f"no final event from {path} within {timeout}s") from None
-                if deadline is None and failures >= MAX_FAILURES:
-                    detail = redact(str(exc), key)
-                    raise HubUnavailable(f"hub at {base} is unreachable: {detail}") from None
-            if deadline is not None and time.monotonic() >= deadline:
-                raise ResultTimeout(f"no final event from {path} within {timeout}s")
-            time.sleep(pause)  # dropped (or closed early): resume after the last id
-            pause = min(pause * 2, 5.0)
+                follow.dropped(str(exc))
+            time.sleep(follow.pause())  # dropped (or closed early): resume after the last id
 
 
 def _json(data: str) -> Any:

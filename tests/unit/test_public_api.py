@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import inspect
+import subprocess
+import sys
 
 import pytest
 
@@ -60,6 +63,7 @@ EXPECTED_ALL = [
     "UnknownSession",
     "UnknownTask",
     "__version__",
+    "aio",
     "broadcast",
     "close_session",
     "find",
@@ -77,6 +81,22 @@ EXPECTED_ALL = [
 ]
 
 
+# reach.aio: the coroutine twin of each of these (and aclose, for its pools)
+TWINS = [
+    "broadcast",
+    "close_session",
+    "find",
+    "get_session",
+    "get_task",
+    "open_session",
+    "report_progress",
+    "report_result",
+    "send",
+    "session_alive",
+    "stream",
+    "wait_for_result",
+]
+
 NOT_ERRORS = {
     "ACCEPTED",
     "Agent",
@@ -89,6 +109,7 @@ NOT_ERRORS = {
     "TLSConfig",
     "TaskResult",
     "__version__",
+    "aio",
     "close_session",
     "find",
     "get_session",
@@ -135,3 +156,31 @@ def test_every_other_public_name_is_a_reach_error(name: str) -> None:
 
 def test_version_is_a_string() -> None:
     assert isinstance(reach.__version__, str) and reach.__version__
+
+
+def test_aio_is_the_twins_and_aclose() -> None:
+    assert reach.aio.__all__ == sorted([*TWINS, "aclose"])
+
+
+@pytest.mark.parametrize("name", TWINS)
+def test_each_aio_twin_takes_what_its_sync_function_takes(name: str) -> None:
+    sync, twin = getattr(reach, name), getattr(reach.aio, name)
+    assert inspect.signature(twin).parameters == inspect.signature(sync).parameters
+    if name == "stream":  # an async iterator, for ``async for``
+        assert inspect.isasyncgen(twin("t-1", hub="http://127.0.0.1:9"))
+    else:
+        assert inspect.iscoroutinefunction(twin)
+
+
+def test_import_reach_loads_neither_aiohttp_nor_requests() -> None:
+    """A fresh interpreter: ``import reach`` stays light; ``reach.aio`` brings aiohttp."""
+    script = (
+        "import sys, reach\n"
+        "print(sorted(m for m in ('aiohttp', 'requests') if m in sys.modules))\n"
+        "reach.aio\n"
+        "print('aiohttp' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.split("\n")
+    assert out[:2] == ["[]", "True"], out

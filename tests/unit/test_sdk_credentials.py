@@ -3,6 +3,7 @@ line or error detail shows it. No sockets: clients are built, never called."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ import reach
 from reach.cli.commands import app
 from reach.errors import ConfigError, Forbidden, ReachError, Unauthenticated, error_for_problem
 from reach.sdk import trace
+from reach.sdk.aio_client import AsyncHubClient
 from reach.sdk.hub_client import (
     HubClient,
     _refusal,
@@ -110,6 +112,36 @@ def test_client_repr_says_whether_a_key_is_set_not_which() -> None:
         assert "api_key=none" in repr(HubClient("http://hub:8800", api_key="", shared=True))
     finally:
         client.close()
+
+
+def test_async_client_resolves_and_hides_the_key_as_the_sync_one() -> None:
+    client = AsyncHubClient("http://hub:8800/", api_key=KEY)
+    assert client.base_url == "http://hub:8800" and client.authenticated
+    assert KEY not in repr(client) and "api_key=set" in repr(client)
+    assert not AsyncHubClient("http://hub:8800", api_key="").authenticated
+    with pytest.raises(ConfigError) as caught:
+        AsyncHubClient("http://hub:8800", api_key="rk_0123456789abcdef_has space")
+    assert "has space" not in str(caught.value)
+
+
+def test_an_asyncio_task_started_in_a_handler_takes_its_agents_key_and_hub() -> None:
+    """Context variables are copied into each asyncio task: a reach sent from a task the
+    handler started authenticates as the handler's agent, on its hub."""
+
+    async def build() -> AsyncHubClient:
+        return AsyncHubClient()
+
+    async def client_of_a_new_task() -> AsyncHubClient:
+        return await asyncio.create_task(build())  # the task runs in a copy of this context
+
+    async def main() -> tuple[AsyncHubClient, AsyncHubClient]:
+        with trace.handling("t-1", None, "planner", "http://agents-hub:8800", AGENT_KEY):
+            inside = await client_of_a_new_task()
+        return inside, await client_of_a_new_task()
+
+    inside, outside = asyncio.run(main())
+    assert inside.base_url == "http://agents-hub:8800" and inside._api_key == AGENT_KEY
+    assert outside.base_url != "http://agents-hub:8800" and not outside.authenticated
 
 
 @pytest.mark.parametrize(

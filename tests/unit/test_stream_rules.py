@@ -1,6 +1,6 @@
 """Progress streams' pure rules: Last-Event-ID parsing, what a stored event streams as,
 resume refusals, the order (and so the ids) of DAG and broadcast transitions, and the
-SDK's SSE parser."""
+SDK's SSE parser and resumption (shared by ``reach.stream`` and ``reach.aio.stream``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from reach.core.streams import (
     resume_refusal,
     stream_kind,
 )
-from reach.sdk.stream import StreamEvent, parse_sse
+from reach.errors import HubUnavailable, ResultTimeout
+from reach.sdk.stream import MAX_FAILURES, Resumption, SSEParser, StreamEvent, parse_sse
 
 
 @pytest.mark.parametrize(
@@ -148,3 +149,59 @@ def test_the_id_carries_over_to_later_events() -> None:
 )
 def test_stream_event_final(kind: str, data: dict[str, Any], final: bool) -> None:
     assert StreamEvent(kind, data, 1).final is final
+
+
+def test_the_parser_gives_the_same_events_however_the_bytes_are_cut() -> None:
+    raw = b": ping\r\n\r\nevent: state\r\ndata: {}\r\nid: 3\r\n\r\nevent: p\ndata: a\ndata: b\n\n"
+    whole = SSEParser().feed(raw)
+    parser = SSEParser()
+    one_by_one = [event for i in range(len(raw)) for event in parser.feed(raw[i : i + 1])]
+    assert one_by_one == whole == [("state", "{}", "3"), ("p", "a\nb", "3")]
+
+
+KEY = "rk_0123456789abcdef_" + "S3cr3t-S3cr3t-S3cr3t-S3cr3t-S3cr3t-S3cr3t"
+
+
+def test_resumption_resumes_after_the_last_event_seen() -> None:
+    follow = Resumption("http://hub", "/v1/tasks/t-1/stream", KEY, None, None)
+    assert follow.url == "http://hub/v1/tasks/t-1/stream"
+    assert follow.headers() == {"Accept": "text/event-stream", "Authorization": f"Bearer {KEY}"}
+    event = follow.seen("progress", '{"progress": 0.5}', "44")
+    assert event == StreamEvent("progress", {"progress": 0.5}, 44)
+    assert follow.headers()["Last-Event-ID"] == "44"
+    follow.seen("ping-like", "{}", None)  # an event without an id keeps the place
+    assert follow.headers()["Last-Event-ID"] == "44"
+    assert Resumption("h", "/p", None, None, 7).headers() == {
+        "Accept": "text/event-stream",
+        "Last-Event-ID": "7",
+    }
+
+
+def test_resumption_backs_off_and_starts_over_after_an_event() -> None:
+    follow = Resumption("http://hub", "/p", None, None, None)
+    assert [follow.pause() for _ in range(7)] == [0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0]
+    follow.seen("state", "{}", "1")
+    assert follow.pause() == 0.2
+
+
+def test_resumption_gives_up_after_drops_in_a_row_naming_the_hub_not_the_key() -> None:
+    follow = Resumption("http://hub", "/p", KEY, None, None)
+    for _ in range(MAX_FAILURES - 1):
+        follow.dropped("refused")
+    follow.seen("state", "{}", "1")  # an event between drops: they are not in a row
+    for _ in range(MAX_FAILURES - 1):
+        follow.dropped("refused")
+    with pytest.raises(HubUnavailable) as caught:
+        follow.dropped(f"refused with Bearer {KEY}")
+    assert str(caught.value).startswith("hub at http://hub is unreachable: refused with")
+    assert KEY not in str(caught.value)
+
+
+def test_resumption_with_a_deadline_times_out_instead() -> None:
+    follow = Resumption("http://hub", "/v1/tasks/t-1/stream", None, 0.0, None)
+    assert follow.read_timeout() == 0.1  # never a zero read timeout
+    with pytest.raises(ResultTimeout, match="no final event from /v1/tasks/t-1/stream within 0"):
+        follow.dropped("refused")
+    with pytest.raises(ResultTimeout):
+        follow.pause()
+    assert Resumption("h", "/p", None, None, None).read_timeout() == 60.0
