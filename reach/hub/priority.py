@@ -7,9 +7,9 @@ delivery pays no query for it. The measures are hub-wide, read from the store:
 * online waiting: an online task ``pending`` and due, or online traffic live (an online
   attempt due within ``ONLINE_RECENT_S``, waiting, in flight or answered): indexed
   exists-probes on ``(priority, status, next_attempt_at)``;
-* background busy: background tasks in ``dispatching`` whose lease is live (each holds a
-  worker slot for its synchronous POST);
-* slots: the sum of the worker slots each worker reported in the last ``SLOTS_TTL_S``
+* background busy: background tasks in ``dispatching`` whose lease is live (each holds
+  one of a worker process's exchange places while its agent works);
+* slots: the sum of the exchange places each worker reported in the last ``SLOTS_TTL_S``
   (``record_slots``: every worker's main process every ``HEARTBEAT_S``, in
   ``flow_counts`` under the name ``worker_slots``, keyed by the worker's node name);
 * deferred since: the task's first ``deferred`` event, for the bound on its waiting.

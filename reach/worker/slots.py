@@ -1,8 +1,9 @@
-"""Each worker reports its slots to the store, so background work knows its share.
+"""Each worker reports its places to the store, so background work knows its share.
 
-Background deliveries may hold ``router.background_share`` of the hub's worker slots
-while online work waits (``reach.hub.priority``); the hub's slots are what the running
-workers report. A worker's main process reports its pool's size when it is ready and
+Background deliveries may hold ``router.background_share`` of the hub's exchange places
+while online work waits (``reach.hub.priority``); the hub's places are what the running
+workers report: each pool process keeps up to ``exchanges.max_in_flight`` exchanges in
+flight (``reach.hub.delivery.exchanger``). A worker's main process reports them when it is ready and
 every ``HEARTBEAT_S`` after, from a daemon thread with a connection of its own (no pool:
 the prefork children it forks later must not inherit an open database connection), and
 withdraws it on shutdown. A worker killed without a shutdown stops counting after

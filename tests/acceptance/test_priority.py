@@ -2,7 +2,7 @@
 and broker (SQLite + embedded broker, PostgreSQL + Redis, and once RabbitMQ), with real
 agent processes that count every delivery over HTTP.
 
-A worker of two slots is flooded with background tasks to a slow agent, then a few online
+A worker of two processes is flooded with background tasks to a slow agent, then a few online
 tasks go to a fast one: the online tasks finish while most of the flood still waits
 (ordered by the tasks' ``finished_at``, not by wall-clock thresholds), and every
 background task still completes, each delivered and applied once.
@@ -24,12 +24,14 @@ from sqlalchemy import select
 import reach
 from reach.core.priority import BACKGROUND_QUEUE
 from reach.hub import outbox, priority
+from reach.hub.settings import ExchangeSettings
 from reach.hub.storage import create_engine_for, session_factory
 from reach.hub.storage.models import OutboxRow
 from tests.conftest import Stack, free_port, start_stack, stop_stack, wait_until
 from tests.support.counting_agent import CountingAgentProcess
 
-FLOOD = 16  # background tasks of SLOW_S each, on two slots: ~5 s of backlog
+FLOOD = 16  # background tasks of SLOW_S each
+PLACES = 2 * ExchangeSettings().max_in_flight  # a worker of 2 processes: its exchange places
 SLOW_S = 0.6
 ONLINE = 4
 OVERTAKEN = 6  # online must be done before this many background tasks finished
@@ -63,7 +65,7 @@ def agents(
 
 
 def wait_for_slots(stack: Stack, slots: int) -> None:
-    """The worker reported its slots (background's share is counted from them)."""
+    """The worker reported its exchange places (background's share is counted from them)."""
     engine = create_engine_for(stack.env["REACH_DATABASE_URL"])
     sessions = session_factory(engine)
 
@@ -102,9 +104,9 @@ def done(stack: Stack, task_ids: list[str]) -> list[dict[str, Any]] | None:
 def check_flood(stack: Stack, home: Path) -> None:
     with agents(stack, home) as started:
         slow, fast = started["slow"], started["fast"]
-        wait_for_slots(stack, 2)
+        wait_for_slots(stack, PLACES)
         background = [send(stack, "slow", "background") for _ in range(FLOOD)]
-        # the flood holds both slots before online work arrives
+        # the flood is in flight before online work arrives
         wait_until(lambda: len(slow.counts().deliveries) >= 2, timeout=30, what="flood started")
         online = [send(stack, "fast", "online") for _ in range(ONLINE)]
 
@@ -179,7 +181,7 @@ def test_rabbitmq_delivers_online_and_background(
     stack = start_stack(store_url, tmp_path, extra)
     try:
         with agents(stack, tmp_path) as started:
-            wait_for_slots(stack, 2)
+            wait_for_slots(stack, PLACES)
             background = [send(stack, "slow", "background") for _ in range(6)]
             online = [send(stack, "fast", "online") for _ in range(3)]
             wait_until(lambda: done(stack, online), timeout=60, what="online done")
