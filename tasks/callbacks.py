@@ -1,5 +1,11 @@
 """The callback tasks: one POST of a task's result (or progress) to the caller's URL,
-and the beat's net for due callbacks whose publish was lost."""
+and the beat's net for due callbacks whose publish was lost.
+
+The slot claims and signs the callback (``reach.hub.callbacks.prepare``); the POST goes
+out from this process's exchanger loop (``reach.worker.exchanges``), so a receiver that
+takes its time holds no worker slot, and the answer is recorded on the exchanger's
+threads. A retry is a new message with its countdown; the callback's claim in the store
+keeps it at-least-once if this process dies meanwhile (the net publishes it again)."""
 
 from __future__ import annotations
 
@@ -8,7 +14,9 @@ from typing import Any
 
 from celery import shared_task
 
+from reach.core.answers import AgentAnswer
 from reach.hub import callbacks
+from reach.worker.exchanges import machinery
 from reach.worker.process_random import process_random
 from reach.worker.sweeps import skip_when_unavailable
 
@@ -24,18 +32,31 @@ def send_callback(self: Any, callback_id: int) -> str:
     from reach.worker.app import runtime
 
     ctx = runtime()
+    settings = ctx.settings.callbacks
     try:
-        sent = callbacks.deliver(
-            ctx.sessions, ctx.settings.callbacks, callback_id, ctx.clock.now(), _rng,
-            clock=ctx.clock.now,
-        )  # fmt: skip
+        post = callbacks.prepare(ctx.sessions, settings, callback_id, ctx.clock.now(), _rng)
     except Exception as exc:  # the store refused: the row stays due, the net retries it
         log.warning("callback %s not attempted: %s: %s", callback_id, type(exc).__name__, exc)
         return "deferred"
-    if sent.retry_in is not None:
-        log.info("callback %s: %s; again in %.1fs", callback_id, sent.detail, sent.retry_in)
-        raise self.retry(countdown=sent.retry_in)
-    return sent.outcome
+    if isinstance(post, callbacks.Sent):
+        if post.retry_in is not None:
+            log.info("callback %s: %s; again in %.1fs", callback_id, post.detail, post.retry_in)
+            raise self.retry(countdown=post.retry_in)
+        return post.outcome
+
+    def record(answer: AgentAnswer) -> None:
+        why = (answer.error or "").partition(":")[0] or None  # the kind, not the address
+        sent = callbacks.answered(
+            ctx.sessions, settings, post, answer.status, why, ctx.clock.now(), _rng
+        )
+        if sent.retry_in is not None:
+            log.info("callback %s: %s; again in %.1fs", callback_id, sent.detail, sent.retry_in)
+            callbacks.publish(ctx.publisher.app, callback_id, countdown=sent.retry_in)
+
+    machinery().exchanger.hand_over_post(
+        post.url, post.body, post.headers, post.connect_timeout, post.timeout, record
+    )
+    return "sent"
 
 
 @shared_task(name=callbacks.CALLBACK_SWEEP_TASK, ignore_result=True)

@@ -11,8 +11,9 @@ The life of one callback row (table ``callbacks``):
   beat's net (`due_ids`) re-publishes what no worker took;
 * each progress report of a task that asked for progress adds a ``progress`` row, due;
 * after commit, each due row is published as a ``reach.callback`` Celery task
-  (`attach`); a worker `deliver`\\ s it: claims it for ``timeout`` (so a second copy of
-  the message does not POST in parallel), POSTs the signed body, and records the answer:
+  (`attach`); a worker `prepare`\\ s it -- claims it for ``timeout`` (so a second copy of
+  the message does not POST in parallel) and signs it -- and its exchanger's loop POSTs
+  it (a slow receiver holds no worker slot); the answer is recorded (`answered`):
   ``delivered``; a retry after jittered backoff; or, past ``callbacks.max_retries`` (or an
   answer that retrying cannot change: a 4xx, a redirect), ``dead`` with ``last_error``,
   logged and counted (``agentreach_callbacks_total{outcome="dead"}``).
@@ -209,15 +210,28 @@ class Sent:
     retry_in: float | None = None
 
 
-def deliver(
+@dataclass(frozen=True, slots=True)
+class Post:
+    """A claimed callback, signed and ready to POST (off the worker's slot)."""
+
+    callback_id: int
+    url: str
+    body: bytes
+    headers: dict[str, str]
+    attempts: int
+    connect_timeout: float
+    timeout: float
+
+
+def prepare(
     sessions: sessionmaker[Session],
     settings: CallbackSettings,
     callback_id: int,
     now: float,
     rng: random.Random,
-    clock: Callable[[], float] | None = None,
-) -> Sent:
-    """Claim, POST and record one callback (see the module docstring)."""
+) -> Post | Sent:
+    """Claim the callback for its lease and sign its body: the `Post` to send, or what
+    the attempt came to without one (not due, the task gone, the URL refused)."""
     lease = settings.timeout_s * 2 + 5
     with sessions.begin() as session:
         claimed = cast(
@@ -267,23 +281,53 @@ def deliver(
         ID_HEADER: str(callback_id),
         "User-Agent": "agent-reach-hub",
     }
+    connect = min(2.0, settings.timeout_s)
+    return Post(callback_id, url, body, headers, attempts, connect, settings.timeout_s)
+
+
+def answered(
+    sessions: sessionmaker[Session],
+    settings: CallbackSettings,
+    post: Post,
+    status: int | None,
+    error: str | None,
+    now: float,
+    rng: random.Random,
+) -> Sent:
+    """Record what the receiver answered (``status``; None: no answer, ``error`` why)."""
+    if status is None:
+        answer, detail = Answer.RETRY, f"no answer: {error or 'none'}"
+    else:
+        answer, detail = answer_of(status), f"HTTP {status}"
+    outcome = {Answer.DELIVERED: "delivered", Answer.DROP: "dead"}.get(answer, "retry")
+    return _record(sessions, post.callback_id, outcome, detail, post.attempts, now, settings, rng)
+
+
+def deliver(
+    sessions: sessionmaker[Session],
+    settings: CallbackSettings,
+    callback_id: int,
+    now: float,
+    rng: random.Random,
+    clock: Callable[[], float] | None = None,
+) -> Sent:
+    """Claim, POST and record one callback, blocking (tools and tests; a worker POSTs
+    from its exchanger's loop instead: ``tasks.callbacks``)."""
+    post = prepare(sessions, settings, callback_id, now, rng)
+    if isinstance(post, Sent):
+        return post
     try:
         response = requests.post(
-            url,
-            data=body,
-            headers=headers,
-            timeout=(min(2.0, settings.timeout_s), settings.timeout_s),
+            post.url,
+            data=post.body,
+            headers=post.headers,
+            timeout=(post.connect_timeout, post.timeout),
             allow_redirects=False,
         )
-        answer, detail = answer_of(response.status_code), f"HTTP {response.status_code}"
+        status, error = response.status_code, None
     except requests.RequestException as exc:
-        answer, detail = Answer.RETRY, f"no answer: {type(exc).__name__}"
-    done = clock() if clock else now
-    if answer is Answer.DELIVERED:
-        return _record(sessions, callback_id, "delivered", detail, attempts, done, settings, rng)
-    if answer is Answer.DROP:
-        return _record(sessions, callback_id, "dead", detail, attempts, done, settings, rng)
-    return _record(sessions, callback_id, "retry", detail, attempts, done, settings, rng)
+        status, error = None, type(exc).__name__
+    return answered(sessions, settings, post, status, error, clock() if clock else now, rng)
 
 
 def _record(

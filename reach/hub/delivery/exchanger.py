@@ -31,7 +31,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
@@ -40,6 +40,7 @@ from prometheus_client import Counter
 
 from reach.core import a2a as a2a_rules
 from reach.core.answers import AgentAnswer
+from reach.core.channel import redacted
 from reach.errors import HubUnavailable
 from reach.hub.delivery.claims import renew
 from reach.hub.delivery.pipeline import Pipeline
@@ -117,10 +118,9 @@ class Exchanger:
 
     def _start(self, d: Dispatch, start_renewer: bool) -> None:
         """On the loop: the exchange as a task of its own (and the renewer, once)."""
-        for coro in (self._exchange(d), *((self._renew_forever(),) if start_renewer else ())):
-            task = asyncio.get_running_loop().create_task(coro)
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        self._spawn(self._exchange(d))
+        if start_renewer:
+            self._spawn(self._renew_forever())
 
     async def _exchange(self, d: Dispatch) -> None:
         loop = asyncio.get_running_loop()
@@ -163,6 +163,43 @@ class Exchanger:
             return await self.transport.exchange(d, progress)
         finally:
             places.release()
+
+    # -- one POST outside an attempt (a callback) ---------------------------------------
+
+    def hand_over_post(
+        self,
+        url: str,
+        body: bytes,
+        headers: dict[str, str],
+        connect_timeout: float,
+        timeout: float,
+        then: Callable[[AgentAnswer], object],
+    ) -> None:
+        """POST ``body`` from the loop, then call ``then(answer)`` on a recorder thread; a
+        place among ``max_in_flight`` is held meanwhile. Nothing here keeps it
+        at-least-once: the caller's own claim in the store does (a callback's lease)."""
+        self._places.acquire()
+        EXCHANGES_TOTAL.labels("started").inc()
+
+        async def post() -> None:
+            loop = asyncio.get_running_loop()
+            try:
+                answer = await self.transport.http.post(
+                    url, body, connect_timeout, timeout, headers
+                )
+                await loop.run_in_executor(self._recorder, then, answer)
+            except Exception:  # the caller's claim lapses and its net takes it again
+                log.exception("POST to %s not recorded", redacted(url))
+            finally:
+                self._places.release()
+                EXCHANGES_TOTAL.labels("ended").inc()
+
+        self.transport.loop.call_soon(self._spawn, post())
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # -- recording (the exchanger's threads) ----------------------------------------------
 

@@ -151,7 +151,7 @@ class AgentHttp:
     async def post(
         self,
         url: str,
-        body: dict[str, Any],
+        body: dict[str, Any] | bytes,
         connect_timeout: float,
         timeout: float,
         headers: dict[str, str] | None = None,
@@ -159,7 +159,8 @@ class AgentHttp:
         ssl_context: ssl.SSLContext | bool | None = None,
         identity: str | None = None,
     ) -> AgentAnswer:
-        """POST one JSON body; the whole exchange ends by ``connect + timeout`` seconds.
+        """POST one JSON body (or bytes already encoded: a signed body); the whole
+        exchange ends by ``connect + timeout`` seconds.
 
         A per-read timeout would let an agent that trickles a byte a second outlive the
         attempt's lease and be delivered twice: one deadline covers it all. ``identity``:
@@ -170,7 +171,7 @@ class AgentHttp:
             async with asyncio.timeout(total):
                 async with self._session().post(
                     url,
-                    data=json.dumps(body),
+                    data=body if isinstance(body, bytes) else json.dumps(body),
                     headers={"Content-Type": "application/json", **(headers or {})},
                     timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout),
                     allow_redirects=False,
