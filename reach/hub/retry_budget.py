@@ -4,8 +4,11 @@ The arithmetic is pure (``reach.core.retry_budget``). What counts, in
 ``reach.hub.shared_counts`` (every worker process of the hub adds to the same windows):
 
 * ``reach_requests``: every delivery posted to an agent, keyed by its agent id;
-* ``reach_retries``: those that re-send a task the hub had sent before (the task has an
-  instance assigned already: after a transient failure, a 429, a lost worker or a wait);
+* ``reach_retries``: those that re-send a task after its target failed it (a timeout, a
+  5xx, no answer: the task has spent a retry). A re-send for the hub's own reasons -- a
+  worker lost mid-exchange, a priority deferral -- is no retry toward the target: it is
+  how at-least-once recovers hundreds of exchanges a dead worker held, and throttling
+  those as a storm made them wait a minute for a target that was fine;
 * ``retry_budget_waits``: retries deferred because the budget was spent.
 
 `precheck` runs before a later attempt (``attempt_seq > 1``) is claimed -- outside the
@@ -33,12 +36,17 @@ RETRIES = "reach_retries"
 WAITS = "retry_budget_waits"
 
 
-def count(shared: SharedCounts | None, agent_id: str, resend: bool, now: float) -> None:
-    """Count one delivery about to be posted to ``agent_id`` (a re-send also as a retry)."""
+def resend(instance_id: str | None, retries: int) -> bool:
+    """Whether an attempt re-sends a task after its target failed it (see above)."""
+    return instance_id is not None and retries > 0
+
+
+def count(shared: SharedCounts | None, agent_id: str, retry: bool, now: float) -> None:
+    """Count one delivery about to be posted to ``agent_id`` (a retry also as one)."""
     if shared is None:
         return
     shared.add(REQUESTS, agent_id, now)
-    if resend:
+    if retry:
         shared.add(RETRIES, agent_id, now)
 
 
@@ -58,10 +66,12 @@ def precheck(
         return None
     with shared.read_sessions.begin() as session:
         row = session.execute(
-            select(TaskRow.agent_id, TaskRow.instance_id).where(TaskRow.task_id == task_id)
+            select(TaskRow.agent_id, TaskRow.instance_id, TaskRow.retries).where(
+                TaskRow.task_id == task_id
+            )
         ).first()
-    if row is None or row.instance_id is None or not row.agent_id:
-        return None  # never sent: a first request, whatever its attempt number
+    if row is None or not resend(row.instance_id, row.retries) or not row.agent_id:
+        return None  # not a retry toward its target, whatever its attempt number
     delay = gate(shared, row.agent_id, now, budget, rng)
     return None if delay is None else (str(row.agent_id), delay)
 

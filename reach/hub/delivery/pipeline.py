@@ -89,7 +89,9 @@ class Pipeline:
             if claimed.priority == BACKGROUND:  # online pays nothing for the check
                 if priority_gate.yield_to_online(session, task_id, now(), dpolicy.priority):
                     return None  # deferred: its next attempt waits in the outbox
-            if budget_wait is not None and claimed.instance_id is not None:
+            if budget_wait is not None and retry_budget.resend(
+                claimed.instance_id, claimed.retries
+            ):
                 return wait_for_budget(session, claimed, now(), *budget_wait)
             routed = route(session, claimed, now(), self.policy, dpolicy, rng, self.candidates)
             if isinstance(routed, str):
@@ -104,7 +106,8 @@ class Pipeline:
                     session, task, claimed.lease_token, now(), dpolicy.retry, rng,
                     reason="no_route", error={"kind": "no_route", "message": routed},
                 )  # fmt: skip
-        retry_budget.count(self.shared, routed.agent_id, claimed.instance_id is not None, now())
+        retry = retry_budget.resend(claimed.instance_id, claimed.retries)
+        retry_budget.count(self.shared, routed.agent_id, retry, now())
         return self._signed(routed)
 
     def _signed(self, d: Dispatch) -> Dispatch:
