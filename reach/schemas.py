@@ -242,16 +242,38 @@ class ResultReport(WireModel):
     message: str = Field("", max_length=10_000)
     attempt_seq: AttemptSeq
     instance_id: InstanceId
+    transient: bool = Field(
+        False,
+        description="the accepted work failed in a way a retry may mend (as a 5xx would): "
+        "the hub retries the task with backoff, or dead-letters it; needs a non-zero code",
+    )
+
+    @model_validator(mode="after")
+    def _transient_is_a_failure(self) -> ResultReport:
+        if self.transient and self.code == 0:
+            raise ValueError("a transient report is a failure: give it a non-zero code")
+        return self
 
 
 class ProgressReport(WireModel):
-    """``POST /v1/tasks/{id}/progress``: named like a result (see `ResultReport`)."""
+    """``POST /v1/tasks/{id}/progress``: named like a result (see `ResultReport`).
+
+    Any progress report tells the hub the accepted work goes on: its watchdog waits
+    ``timeout_ms`` + grace again from now. A ``keepalive`` says only that (no event is
+    recorded), for agents whose handlers run longer than any timeout."""
 
     progress: float | None = Field(None, ge=0, le=1)
     message: str = Field("", max_length=10_000)
     data: Any = None
     attempt_seq: AttemptSeq
     instance_id: InstanceId
+    keepalive: bool = False
+
+    @model_validator(mode="after")
+    def _keepalive_is_empty(self) -> ProgressReport:
+        if self.keepalive and (self.progress is not None or self.message or self.data is not None):
+            raise ValueError("a keepalive carries no progress, message or data")
+        return self
 
 
 class BroadcastRequest(WireModel):

@@ -958,14 +958,17 @@ def record_report(
     attempt_seq: int,
     instance_id: str,
     actor: str | None = None,
-) -> bool | StaleReport:
+    transient: Transient | None = None,
+) -> bool | StaleReport | Publish:
     """Record an agent's reported answer (after its 202).
 
     True if it decided the task; False if the task had its terminal result already (the
     report is kept as a ``duplicate_result`` event). A report for another attempt or from
     another instance (``reach.core.reports``) changes nothing but a ``report_refused``
     event, and comes back as the `StaleReport` to raise once this transaction committed
-    (raising here would roll the record back with it).
+    (raising here would roll the record back with it). A ``transient`` failure report
+    fails the attempt as a 5xx answer would: the retry to publish after commit comes
+    back (or False: dead-lettered, or nothing left to fail).
     """
     detail = {"reported_by": instance_id, "attempt_seq": attempt_seq, "late_report": True}
     answering = (attempt_seq, instance_id)
@@ -977,14 +980,34 @@ def record_report(
     if task is None:
         raise UnknownTask(f"task {task_id!r} does not exist", task_id=task_id)
     current = (TaskStatus(task.status), task.attempt_seq, task.instance_id)
-    if judge_report(*current, attempt_seq, instance_id) is Verdict.STALE:
+    verdict = judge_report(*current, attempt_seq, instance_id)
+    if verdict is Verdict.STALE:
         return refuse_report(session, task, "result", attempt_seq, instance_id, now, actor)
     if code == 0:
         return finish(
             session, task, TaskStatus.SUCCESS, now, result=data, detail=detail, actor=actor
         )
+    if transient is not None:
+        if verdict is not Verdict.APPLY:  # terminal already: the first result stands
+            record_event(session, task, "duplicate_result", now, {**detail, "transient": True})
+            return False
+        error = {"kind": "agent_error", "code": code, "message": message[:2000]}
+        error["instance_id"] = instance_id
+        retry = fail_transient(
+            session, task, None, now, transient.policy, transient.rng,
+            reason="reported_failure", error=error,
+        )  # fmt: skip
+        return False if retry is None else retry
     error = {"kind": "business", "code": code, "message": message[:2000]}
     return finish(session, task, TaskStatus.FAILED, now, error=error, detail=detail, actor=actor)
+
+
+@dataclass(frozen=True, slots=True)
+class Transient:
+    """What failing a reported attempt needs: the retry schedule and its jitter."""
+
+    policy: DeliveryPolicy
+    rng: random.Random
 
 
 def report_progress(
@@ -996,11 +1019,16 @@ def report_progress(
     attempt_seq: int,
     instance_id: str,
     actor: str | None = None,
+    keepalive: bool = False,
+    grace: float = 0.0,
 ) -> StaleReport | None:
     """Record progress of the attempt in flight; a `StaleReport` (recorded, as for a
     result) if the report names another attempt or instance. Late progress of a
     terminal task is kept as an event, as before. The row is locked: a task's events
-    commit in their id order, which a progress stream resuming by id relies on."""
+    commit in their id order, which a progress stream resuming by id relies on.
+
+    Progress of an accepted task is word from its agent: the watchdog's deadline moves
+    to ``timeout`` + ``grace`` from now. A ``keepalive`` moves it and records nothing."""
     task = load_for_update(session, task_id)
     if task is None:
         raise UnknownTask(f"task {task_id!r} does not exist", task_id=task_id)
@@ -1009,7 +1037,10 @@ def report_progress(
     )
     if verdict is Verdict.STALE:
         return refuse_report(session, task, "progress", attempt_seq, instance_id, now, actor)
-    record_event(session, task, "progress", now, detail, actor=actor)
+    if verdict is Verdict.APPLY and task.status == TaskStatus.EXECUTING:
+        task.deadline = max(task.deadline or 0.0, now + task.timeout_ms / 1000 + grace)
+    if not keepalive:
+        record_event(session, task, "progress", now, detail, actor=actor)
     return None
 
 

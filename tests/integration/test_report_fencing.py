@@ -262,3 +262,96 @@ def test_progress_of_the_right_attempt_is_recorded_without_the_claim_fields(
         "progress",
         {"progress": 0.5, "message": "half"},
     )
+
+
+def deadline_of(ctx: HubContext, task_id: str) -> float:
+    with ctx.sessions() as s:
+        value = s.scalar(select(TaskRow.deadline).where(TaskRow.task_id == task_id))
+        assert value is not None
+        return float(value)
+
+
+@pytest.mark.parametrize("kind", ["keepalive", "progress"])
+def test_word_from_the_agent_moves_the_watchdog_deadline(
+    ctx: HubContext, client: TestClient, agent: EnvelopeServer, kind: str
+) -> None:
+    """A handler that runs longer than any timeout stays alive while its agent says so:
+    each keepalive (or progress) gives the task ``timeout`` + grace again from now. A
+    keepalive records nothing; progress is an event as before."""
+    task_id = accepted(ctx, agent)
+    first = deadline_of(ctx, task_id)
+    assert first == pytest.approx(ctx.clock.now() + 30.0 + 30.0)  # timeout 30 s + grace 30 s
+    ctx.clock.advance(50.0)  # type: ignore[attr-defined]
+    body = {"keepalive": True} if kind == "keepalive" else {"progress": 0.5}
+    answer = report(client, task_id, "progress", attempt_seq=1, instance_id=INSTANCE, **body)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["recorded"] is (kind == "progress")
+    assert deadline_of(ctx, task_id) == pytest.approx(ctx.clock.now() + 60.0)
+    progress = [e for e in events(client, task_id) if e["kind"] == "progress"]
+    assert len(progress) == (0 if kind == "keepalive" else 1)
+
+
+def test_a_keepalive_is_fenced_and_carries_nothing_else(
+    ctx: HubContext, client: TestClient, agent: EnvelopeServer
+) -> None:
+    task_id = accepted(ctx, agent)
+    before = deadline_of(ctx, task_id)
+    ctx.clock.advance(20.0)  # type: ignore[attr-defined]
+    stale = report(client, task_id, "progress", attempt_seq=1, instance_id="i-x", keepalive=True)
+    assert stale.status_code == 409, stale.text
+    assert deadline_of(ctx, task_id) == before  # a stranger cannot keep a task alive
+    loaded = report(
+        client, task_id, "progress", attempt_seq=1, instance_id=INSTANCE, keepalive=True,
+        message="hi",
+    )  # fmt: skip
+    assert loaded.status_code == 422, loaded.text
+    assert "keepalive carries no" in loaded.text
+
+
+def test_a_transient_failure_report_retries_the_task(
+    ctx: HubContext, client: TestClient, agent: EnvelopeServer
+) -> None:
+    """An accepted handler that failed in a way a retry may mend says so (``transient``):
+    the hub retries it with backoff, as for a 5xx answer, instead of failing the task."""
+    task_id = accepted(ctx, agent)
+    answer = report(
+        client, task_id, attempt_seq=1, instance_id=INSTANCE, code=-1,
+        message="RuntimeError: model overloaded", transient=True,
+    )  # fmt: skip
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"task_id": task_id, "decided": False, "status": "pending"}
+    status, seq, _, _, error, _ = row(ctx, task_id)
+    assert (status, seq) == ("pending", 2)
+    assert error["kind"] == "agent_error" and "model overloaded" in error["message"]
+    retry = [e for e in events(client, task_id) if e["kind"] == "retry"]
+    assert retry and retry[-1]["detail"]["reason"] == "reported_failure"
+    # the retry is delivered like any attempt; a second report for attempt 1 is stale now
+    again = report(
+        client, task_id, attempt_seq=1, instance_id=INSTANCE, code=-1, message="x",
+        transient=True,
+    )  # fmt: skip
+    assert again.status_code == 409, again.text
+
+
+def test_transient_reports_past_the_retries_dead_letter_the_task(
+    ctx: HubContext, client: TestClient, agent: EnvelopeServer
+) -> None:
+    task_id = accepted(ctx, agent)
+    for seq in range(1, ctx.delivery_policy.retry.max_retry + 2):
+        if seq > 1:
+            deliver(ctx, task_id, seq)  # the retry, answered 202 again
+        answer = report(
+            client, task_id, attempt_seq=seq, instance_id=INSTANCE, code=-1, message="boom",
+            transient=True,
+        )  # fmt: skip
+        assert answer.status_code == 200, answer.text
+    assert row(ctx, task_id)[0] == "dead"
+
+
+def test_a_transient_report_must_be_a_failure(
+    ctx: HubContext, client: TestClient, agent: EnvelopeServer
+) -> None:
+    task_id = accepted(ctx, agent)
+    answer = report(client, task_id, attempt_seq=1, instance_id=INSTANCE, code=0, transient=True)
+    assert answer.status_code == 422, answer.text
+    assert row(ctx, task_id)[0] == "executing"

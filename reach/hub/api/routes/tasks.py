@@ -3,6 +3,7 @@ and the operator's dead-letter queue."""
 
 from __future__ import annotations
 
+import random
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
@@ -34,6 +35,8 @@ from reach.hub.delivery import Publish
 from reach.hub.storage.models import TaskEventRow, TaskRow
 from reach.hub.wakeups import Waiters
 from reach.schemas import DB_INT_MAX, MAX_WAIT_S, ProgressReport, ResultReport, SubmitRequest
+
+_rng = random.Random()  # the jitter of retries that agents' failure reports schedule
 
 DeadLetterId = Annotated[int, Path(ge=1, le=DB_INT_MAX)]
 
@@ -126,7 +129,9 @@ def task_router(ctx: HubContext, intake: Intake, waiters: Waiters | None = None)
         other attempt or instance is refused (409 ``stale-report``) and recorded. Only a
         key of the task's agent may report (anyone else is told the task does not exist)."""
 
-        def work(session: Session) -> dict[str, Any] | StaleReport:
+        transient = delivery.Transient(ctx.delivery_policy, _rng) if body.transient else None
+
+        def work(session: Session) -> dict[str, Any] | StaleReport | tuple[Publish, str]:
             reporter = _reporter(session, task_id, request, principal)
             decided = delivery.record_report(
                 session,
@@ -138,24 +143,33 @@ def task_router(ctx: HubContext, intake: Intake, waiters: Waiters | None = None)
                 attempt_seq=body.attempt_seq,
                 instance_id=body.instance_id,
                 actor=reporter.identity,
+                transient=transient,
             )
             if isinstance(decided, StaleReport):
                 return decided  # raised below, once its record is committed
-            if decided and body.code == 0:
+            if decided is True and body.code == 0:
                 return {"task_id": task_id, "decided": True, "status": "success"}
             status = session.scalar(select(TaskRow.status).where(TaskRow.task_id == task_id))
+            if isinstance(decided, Publish):
+                return decided, str(status)  # a retry, published below once committed
             return {"task_id": task_id, "decided": decided, "status": status}
 
         answer = ctx.write(work, conflict=TaskConflict)
         if isinstance(answer, StaleReport):
             raise answer
+        if isinstance(answer, tuple):
+            retry, status = answer
+            ctx.publish_attempts([retry])
+            return {"task_id": task_id, "decided": False, "status": status}
         return answer
 
     @router.post("/{task_id}/progress", responses={404: {}, 409: {}})
     def report_progress(
         task_id: str, body: ProgressReport, request: Request, principal: Reports
     ) -> dict[str, Any]:
-        detail = body.model_dump(exclude_none=True, exclude={"attempt_seq", "instance_id"})
+        detail = body.model_dump(
+            exclude_none=True, exclude={"attempt_seq", "instance_id", "keepalive"}
+        )
 
         def work(session: Session) -> StaleReport | None:
             reporter = _reporter(session, task_id, request, principal)
@@ -167,12 +181,14 @@ def task_router(ctx: HubContext, intake: Intake, waiters: Waiters | None = None)
                 attempt_seq=body.attempt_seq,
                 instance_id=body.instance_id,
                 actor=reporter.identity,
+                keepalive=body.keepalive,
+                grace=ctx.delivery_policy.watchdog_grace,
             )
 
         refused = ctx.write(work, conflict=TaskConflict)
         if refused is not None:
             raise refused
-        return {"task_id": task_id, "recorded": True}
+        return {"task_id": task_id, "recorded": not body.keepalive}
 
     @router.get("/{task_id}/events", responses={404: {}})
     def task_events(task_id: str, request: Request, principal: Reads) -> dict[str, Any]:
