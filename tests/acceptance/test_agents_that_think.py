@@ -68,13 +68,19 @@ def test_an_async_handler_through_the_hub_ends_success_with_its_data(
 
 
 @pytest.mark.parametrize("stack", [SETTINGS], indirect=True)
-@pytest.mark.parametrize("kind", ["def", "async def"])
-def test_a_handler_longer_than_accept_after_ends_success_by_report(stack: Stack, kind: str) -> None:
+@pytest.mark.parametrize(
+    ("kind", "channel"),
+    [("def", False), ("async def", False), ("async def", True)],
+    ids=["def", "async-def", "async-def-channel"],
+)
+def test_a_handler_longer_than_accept_after_ends_success_by_report(
+    stack: Stack, kind: str, channel: bool
+) -> None:
     """Answered 202 at 0.5 s; the task's 2 s timeout and the 1 s grace would have the
     watchdog fail it at ~3.5 s; keepalives every second hold it off until the 5 s run
     reports its value. One run, one attempt."""
     runs: list[str] = []
-    with thinking_agent(stack, "slow-thinker", accept_after=0.5) as agent:
+    with thinking_agent(stack, "slow-thinker", accept_after=0.5, channel=channel) as agent:
         if kind == "def":
 
             @agent.route("think")
