@@ -54,7 +54,7 @@ from reach.errors import (
 # models, JSON Schema, JWT and HTTP clients at start-up.
 _LAZY = {
     "Capability": "reach.schemas",
-    "ACCEPTED": "reach.sdk.agent",
+    "ACCEPTED": "reach.sdk.running",
     "Agent": "reach.sdk.agent",
     "verify_callback": "reach.sdk.callbacks",
     "BroadcastResult": "reach.sdk.caller",
@@ -85,7 +85,7 @@ _LAZY_MODULES = frozenset({"aio"})
 if TYPE_CHECKING:
     from reach import aio
     from reach.schemas import Capability
-    from reach.sdk.agent import ACCEPTED, Agent
+    from reach.sdk.agent import Agent
     from reach.sdk.callbacks import verify_callback
     from reach.sdk.caller import (
         BroadcastResult,
@@ -100,6 +100,7 @@ if TYPE_CHECKING:
         send,
         wait_for_result,
     )
+    from reach.sdk.running import ACCEPTED
     from reach.sdk.sessions import close_session, get_session, open_session, session_alive
     from reach.sdk.stream import StreamEvent, stream
     from reach.sdk.tls import TLSConfig

@@ -5,6 +5,9 @@
     @agent.route("task.process")
     def handle(task_id: str, payload: dict) -> dict: ...
 
+    @agent.route("task.think")
+    async def think(task_id: str, payload: dict) -> dict: ...   # async def works too
+
     agent.serve()                       # the built-in server, or:
     app = agent.asgi_app()              # an ASGI app for uvicorn, or to mount in FastAPI
 
@@ -18,12 +21,19 @@ with the same certificates.
 The heartbeat runs in its own thread with its own HTTP session, so a handler that hogs
 its worker cannot stop the hub from hearing that the process is alive — and the load
 fields it reports (in_flight rising while heartbeats stay fresh) are how the hub tells
-"alive" from "able to take work". Handlers run on a pool bounded by ``max_concurrency``;
-a request beyond it is answered 429 at once (backpressure), never queued invisibly.
+"alive" from "able to take work". Handlers (``def`` on threads, ``async def`` on an event
+loop) run at most ``max_concurrency`` at once; a request beyond it is answered 429 at once
+(backpressure), never queued invisibly.
+
+Handlers may think for minutes: a delivery is answered 202 once its handler has run
+``accept_after`` seconds (10 by default), and the SDK keeps the hub's watchdog off with
+keepalives and reports the outcome when the handler ends (``reach.sdk.running``), so an
+author writes a plain function, sync or async, and returns its value.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -38,11 +48,9 @@ from urllib.parse import unquote, urlsplit
 from cachetools import LRUCache
 from pydantic import ValidationError
 
-from reach.core import envelope
 from reach.core.endpoints import parse_endpoint, refusal
 from reach.core.sessions import CLOSED_SESSIONS_HEADER, parse_closed
 from reach.errors import (
-    BusinessError,
     HubUnavailable,
     InvalidRegistration,
     ReachError,
@@ -52,7 +60,6 @@ from reach.errors import (
 )
 from reach.schemas import Capability, DeregisterRequest, HeartbeatRequest, RegisterRequest
 from reach.sdk import sessions as liveness
-from reach.sdk import trace
 from reach.sdk.dedup import (
     DEFAULT_MAX_BYTES,
     DEFAULT_TTL_S,
@@ -61,16 +68,26 @@ from reach.sdk.dedup import (
 )
 from reach.sdk.dispatch import Reply, TaskCall, dispatch
 from reach.sdk.hub_client import API_KEY_ENV, HubClient, resolve_api_key
+from reach.sdk.running import ACCEPTED as ACCEPTED  # where it was first defined
+from reach.sdk.running import (
+    DEFAULT_ACCEPT_AFTER_S,
+    Answer,
+    Delivery,
+    Handler,
+    Run,
+    Runner,
+    accepted,
+)
 from reach.sdk.tls import TLSConfig, TLSHTTPServer
 from reach.sdk.tokens import TokenVerifier
 
 if TYPE_CHECKING:
+    from concurrent.futures import Executor
+
     from reach.sdk.asgi import AgentApp
     from reach.sdk.channel import AgentChannel
 
 log = logging.getLogger("reach.sdk.agent")
-
-Handler = Callable[[str, dict[str, Any]], Any]
 
 CHANNEL_ADDR = "http://127.0.0.1:9"  # a channel agent's placeholder addr: the hub sets its own
 
@@ -105,6 +122,7 @@ class Agent:
         verify_tokens: bool = True,
         max_queue: int | None = None,
         channel: bool | None = None,
+        accept_after: float | None = DEFAULT_ACCEPT_AFTER_S,
     ) -> None:
         """``dedup_store``: a SQLite file that keeps answers across restarts (one process
         per file), instead of memory; ``dedup``: a guard of your own (bounds included).
@@ -119,7 +137,12 @@ class Agent:
 
         ``max_queue``: at most this many of this agent's tasks pending or in flight at the
         hub; past it, senders get ``Backpressure`` (429) instead of a growing queue.
-        Unset: the hub's ``router.max_queue``; an admin's override wins over both."""
+        Unset: the hub's ``router.max_queue``; an admin's override wins over both.
+
+        ``accept_after``: seconds a delivery waits for its handler (or half the time left
+        before the delivery's deadline, if sooner) before it is answered 202; the handler
+        goes on, keepalives hold the hub's watchdog off, and its outcome is reported when
+        it ends (``reach.sdk.running``). None: always answer when the handler ends."""
         # ``channel``: take deliveries over a WebSocket this agent opens to the hub
         # (``reach.sdk.channel``), for an agent the hub cannot dial; the default when no
         # ``addr`` is given. ``addr`` is then not served (the hub registers the channel).
@@ -168,6 +191,8 @@ class Agent:
             api_key if api_key is not None else os.environ.get(API_KEY_ENV, "")
         )
         self.hub = HubClient(hub, api_key=self._api_key or "")
+        # reports and keepalives go on the process's pooled session, apart from heartbeats
+        self._reports = HubClient(self.hub.base_url, shared=True, api_key=self._api_key or "")
         # the hub's public keys are open: fetched on the pooled session, without the key
         self.tokens = (
             TokenVerifier(HubClient(self.hub.base_url, shared=True, api_key=""), agent_id)
@@ -188,10 +213,7 @@ class Agent:
         self._lock = threading.Lock()
         # task_id -> attempt_seq of the latest delivery this instance answered (bounded)
         self._attempts: LRUCache[str, int] = LRUCache(maxsize=REMEMBERED_ATTEMPTS)
-        self._slots = threading.BoundedSemaphore(max_concurrency)
-        self._in_flight = 0
-        self._consecutive_failures = 0
-        self._last_duration_ms: float | None = None
+        self.runner = Runner(self, max_concurrency, accept_after)
         self._registered = False
         # A register the hub may have committed though its answer never came (a timeout):
         # the instance is deregistered on the way out all the same.
@@ -220,8 +242,7 @@ class Agent:
 
     @property
     def in_flight(self) -> int:
-        with self._lock:
-            return self._in_flight
+        return self.runner.in_flight
 
     def accepted_attempt(self, task_id: str) -> int | None:
         """The ``attempt_seq`` of the latest delivery of ``task_id`` this instance got
@@ -237,7 +258,9 @@ class Agent:
 
     # -- handlers -----------------------------------------------------------------------
     def route(self, method: str) -> Callable[[Handler], Handler]:
-        """Register ``fn(task_id, payload)`` as the handler of ``method``."""
+        """Register ``fn(task_id, payload)`` as the handler of ``method``: a plain function
+        (run on a thread) or an ``async def`` (run on an event loop). Its value must be
+        JSON; see ``reach.sdk.running`` for what a long one is answered."""
 
         def decorator(fn: Handler) -> Handler:
             if method in self._routes:
@@ -260,17 +283,12 @@ class Agent:
         """Send one heartbeat now; (re-)register if the hub does not know this instance."""
         if not self._registered:
             return self._rejoin()
-        with self._lock:
-            body = HeartbeatRequest(
-                agent_id=self.agent_id,
-                instance_id=self.instance_id,
-                current_load=self._in_flight / self.declaration.max_concurrency,
-                in_flight=self._in_flight,
-                max_concurrency=self.declaration.max_concurrency,
-                last_task_duration_ms=self._last_duration_ms,
-                consecutive_failure_count=self._consecutive_failures,
-                sent_at=time.time(),
-            )
+        body = HeartbeatRequest(
+            agent_id=self.agent_id,
+            instance_id=self.instance_id,
+            **self.runner.load(),
+            sent_at=time.time(),
+        )
         try:
             answer, headers = self.hub.post_with_headers(
                 "/v1/agents/heartbeat", body.model_dump(mode="json")
@@ -423,6 +441,7 @@ class Agent:
         self._shutdown.set()
         self.stop_heartbeat()
         self._close_server()
+        self.runner.close()
         self._leave_hub()
 
     def _close_server(self) -> None:
@@ -459,12 +478,40 @@ class Agent:
         )  # fmt: skip
         return refusal.answer()
 
-    def invoke(self, method: str, body: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
-        """Run one delivery; returns (HTTP status, JSON envelope).
+    def invoke(self, method: str, body: Mapping[str, Any]) -> Answer:
+        """Run one delivery; returns (HTTP status, JSON envelope) once its handler ended,
+        or 202 once it has run ``accept_after`` seconds (it goes on; see ``running``).
 
         It trusts its caller: the HTTP servers call `admit` first (``reach.sdk.dispatch``)."""
-        handler = self._routes.get(method)
-        if handler is None:
+        begun = self._begin(method, body)
+        if isinstance(begun, Delivery):
+            run = self.runner.start(begun, self._routes[method])
+            answer = run.wait(self.runner.accept_wait(body))
+            return accepted() if answer is None else answer
+        if isinstance(begun, Run):
+            return _copy_answer(begun, begun.wait(self._copy_wait(body)))
+        return begun
+
+    async def invoke_async(
+        self, method: str, body: Mapping[str, Any], executor: Executor | None = None
+    ) -> Answer:
+        """`invoke` on an event loop (the ASGI app's): an ``async def`` handler runs as a
+        task on this loop, a plain one on the agent's threads; the bookkeeping before it
+        (which may touch a dedup file) on ``executor``."""
+        loop = asyncio.get_running_loop()
+        begun = await loop.run_in_executor(executor, self._begin, method, body)
+        if isinstance(begun, Delivery):
+            run = self.runner.start(begun, self._routes[method], loop)
+            answer = await run.wait_async(self.runner.accept_wait(body))
+            return accepted() if answer is None else answer
+        if isinstance(begun, Run):
+            return _copy_answer(begun, await begun.wait_async(self._copy_wait(body)))
+        return begun
+
+    def _begin(self, method: str, body: Mapping[str, Any]) -> Answer | Delivery | Run:
+        """A delivery's answer at once; or the `Delivery` to run (its slot taken); or the
+        `Run` of this task under way here (the delivery is a copy of it)."""
+        if method not in self._routes:
             return 404, {"code": 404, "message": f"no handler for method {method!r}"}
         task_id = body.get("task_id")
         payload = body.get("payload", {})
@@ -475,54 +522,27 @@ class Agent:
         if begin.action == "done":
             return begin.answer  # type: ignore[no-any-return]
         if begin.action == "running":
-            # A duplicate while the first copy runs: wait a little for its answer.
+            run = self.runner.running(task_id)
+            if run is not None:
+                return run
+            # Begun, not started yet (or a guard's own writer): wait a little for its answer.
             assert begin.running is not None
             finished = begin.running.wait(timeout=_duplicate_wait(body))
             answer = self.dedup.answer_of(task_id)
             if answer is not None:
                 return answer  # type: ignore[no-any-return]
             if finished:  # the first copy failed transiently: let the hub retry
-                return 503, {"code": -1, "message": "first copy of this task failed; retry"}
-            return 202, {"code": 0, "accepted": True, "message": "already running"}
-        if not self._slots.acquire(blocking=False):
+                return _FIRST_COPY_FAILED
+            return accepted("already running")
+        if not self.runner.claim():
             self.dedup.finish(task_id, None, remember=False)
             return 429, {"code": 429, "message": "agent at max_concurrency"}
-        with self._lock:
-            self._in_flight += 1
-        started = time.monotonic()
-        failed = False
-        status: int
-        reply: dict[str, Any]
-        try:
-            bound = body.get("session_id")
-            with trace.handling(
-                task_id,
-                body.get("trace"),
-                self.agent_id,
-                self.hub.base_url,
-                self._api_key,
-                session_id=bound if isinstance(bound, str) and bound else None,
-            ):
-                value = handler(task_id, payload)
-            if value is ACCEPTED:
-                status, reply = 202, {"code": 0, "accepted": True}
-            else:
-                status, reply = 200, envelope.wrap(value)
-        except BusinessError as exc:
-            status, reply = 200, {"code": exc.code, "message": exc.message}
-        except Exception as exc:
-            failed = True
-            log.exception("handler for %s failed on task %s", method, task_id)
-            status, reply = 500, {"code": -1, "message": f"{type(exc).__name__}: {exc}"}
-        finally:
-            with self._lock:
-                self._in_flight -= 1
-                self._last_duration_ms = (time.monotonic() - started) * 1000
-                self._consecutive_failures = self._consecutive_failures + 1 if failed else 0
-            self._slots.release()
-        # A transient failure is not remembered: the hub's retry must run the handler again.
-        self.dedup.finish(task_id, (status, reply), remember=not failed)
-        return status, reply
+        return Delivery.of(method, body, time.time())
+
+    def _copy_wait(self, body: Mapping[str, Any]) -> float:
+        """How long a copy of a running task waits for the first copy's answer."""
+        wait = self.runner.accept_wait(body)
+        return _duplicate_wait(body) if wait is None else wait
 
     # -- results after 202 ------------------------------------------------------------------
     def report_result(
@@ -533,30 +553,64 @@ class Agent:
         code: int = 0,
         message: str = "",
         attempt_seq: int | None = None,
+        transient: bool = False,
     ) -> bool:
-        """Report the result of a task this agent accepted (its handler returned ACCEPTED).
+        """Report the result of a task this agent accepted (its handler returned ACCEPTED);
+        True if this report decided the task.
 
         The report names this instance and the attempt it was delivered (the latest, or
         ``attempt_seq``): the hub refuses it (``StaleReport``) if the task has moved on to
-        another attempt or instance meanwhile.
+        another attempt or instance meanwhile. ``transient=True`` reports a failure that
+        may pass (``message`` says what): the hub retries the task as it would after a
+        5xx, and this agent's dedup guard forgets the task so the retry runs it again.
+        (A handler that simply returns, or raises, is reported by the SDK itself.)
         """
-        from reach.sdk.caller import report_result
-
         seq = self._attempt_to_report(task_id, attempt_seq)
-        answer = (
-            200,
-            {"code": code, "data": data} if code == 0 else {"code": code, "message": message},
+        if transient:
+            self.dedup.finish(task_id, None, remember=False)
+        else:
+            final = (
+                {"code": code, "data": data} if code == 0 else {"code": code, "message": message}
+            )
+            self.dedup.finish(task_id, (200, final), remember=True)
+        return self._post_result(
+            task_id, seq, data=data, code=code, message=message, transient=transient
         )
-        self.dedup.finish(task_id, answer, remember=True)
-        return report_result(
-            task_id,
-            data,
-            code=code,
-            message=message,
-            attempt_seq=seq,
-            instance_id=self.instance_id,
-            hub=self.hub.base_url,
-            api_key=self._api_key or "",
+
+    def _post_result(
+        self,
+        task_id: str,
+        attempt_seq: int,
+        *,
+        data: Any = None,
+        code: int = 0,
+        message: str = "",
+        transient: bool = False,
+    ) -> bool:
+        """``POST /v1/tasks/{id}/result`` naming this instance and ``attempt_seq``.
+        A transient failure is ``code -1`` with ``"transient": true``."""
+        body: dict[str, Any] = {
+            "code": (code or -1) if transient else code,
+            "data": None if transient else data,
+            "message": message,
+            "attempt_seq": attempt_seq,
+            "instance_id": self.instance_id,
+        }
+        if transient:
+            body["transient"] = True
+        answer = self._reports.post(
+            f"/v1/tasks/{task_id}/result",
+            {k: v for k, v in body.items() if v is not None},
+            keys=("decided",),
+        )
+        return bool(answer["decided"])
+
+    def _post_keepalive(self, task_id: str, attempt_seq: int) -> None:
+        """Tell the hub the handler of ``task_id`` still runs: its watchdog waits again
+        (a ``keepalive`` progress report, which records no event)."""
+        self._reports.post(
+            f"/v1/tasks/{task_id}/progress",
+            {"attempt_seq": attempt_seq, "instance_id": self.instance_id, "keepalive": True},
         )
 
     def report_progress(
@@ -590,16 +644,6 @@ class Agent:
         return seq
 
 
-class _Accepted:
-    """Returned by a handler that will report its result later (the hub sees 202)."""
-
-    def __repr__(self) -> str:
-        return "reach.ACCEPTED"
-
-
-ACCEPTED = _Accepted()
-
-
 def _checked_tls(tls: TLSConfig | None, addr: str, public_endpoint: str | None) -> TLSConfig | None:
     """With ``tls``, the hub must be told to use https: both addresses must say so, and the
     files must load (checked here, not at the first connection)."""
@@ -613,6 +657,17 @@ def _checked_tls(tls: TLSConfig | None, addr: str, public_endpoint: str | None) 
             )
     tls.server_context()
     return tls
+
+
+_FIRST_COPY_FAILED: Answer = (503, {"code": -1, "message": "first copy of this task failed; retry"})
+
+
+def _copy_answer(run: Run, answer: Answer | None) -> Answer:
+    """What a copy of a running task is answered: the first copy's answer if it came in
+    time (a transient failure: retry), else 202 (the run reports to the hub)."""
+    if answer is None:
+        return accepted("already running")
+    return _FIRST_COPY_FAILED if run.failed else answer
 
 
 def _duplicate_wait(body: Mapping[str, Any]) -> float:

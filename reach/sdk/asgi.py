@@ -5,13 +5,20 @@
     api.mount("/reach", app)                    # with addr="http://host:port/reach"
 
 It answers exactly what ``agent.serve()`` answers (both route through
-``reach.sdk.dispatch``), by the same ``Agent.invoke``. Written against the bare ASGI
+``reach.sdk.dispatch`` and ``reach.sdk.running``). Written against the bare ASGI
 interface, so the SDK needs no Starlette or FastAPI (a contract in CI).
 
-Handlers are blocking functions: each delivery runs on a pool of this app's own, never on
-the event loop. The pool is larger than ``max_concurrency`` on purpose: a delivery beyond
-the limit must reach ``invoke`` to be answered 429 at once, not wait in a queue (the
-default executor, sized by CPU count, would queue it invisibly).
+An ``async def`` handler runs as a task on the server's own event loop (never in a
+thread); a plain ``def`` one on the agent's handler threads, never on the loop. A delivery
+waits for its handler at most ``accept_after`` seconds, then is answered 202 while the
+handler goes on and reports later, as under ``serve()``. Stopping the server cancels
+async handlers still running: each is reported as a transient failure the hub retries.
+
+What may block before a handler starts (the reach token check, which may fetch the hub's
+keys; a dedup file; a copy of a running task waiting for its answer) runs on a pool of
+this app's own. It is larger than ``max_concurrency`` on purpose: a delivery beyond the
+limit must get through to be answered 429 at once, not wait in a queue (the default
+executor, sized by CPU count, would queue it invisibly).
 """
 
 from __future__ import annotations
@@ -68,6 +75,7 @@ class AgentApp:
         try:
             yield
         finally:
+            self.agent.runner.close()
             await asyncio.to_thread(self.agent._leave_hub)
             with self._pool_lock:
                 pool, self._pool = self._pool, None
@@ -107,8 +115,7 @@ class AgentApp:
             if raw is None:
                 routed = TOO_LARGE
             else:
-                loop = asyncio.get_running_loop()
-                routed = await loop.run_in_executor(self._executor(), routed.run, raw)
+                routed = await routed.run_async(raw, self._executor())
         await _reply(send, routed)
 
     def _executor(self) -> ThreadPoolExecutor:

@@ -247,8 +247,7 @@ class AgentChannel:
                         "attempt_seq": seq,
                         "status": status,
                         "body": reply,
-                    },
-                    default=str,
+                    }
                 ),
             )
         except (ConnectionClosed, OSError) as exc:
@@ -259,16 +258,7 @@ class AgentChannel:
             conn.send(text)
 
     def _load(self) -> dict[str, Any]:
-        agent = self.agent
-        with agent._lock:
-            return {
-                "current_load": agent._in_flight / agent.declaration.max_concurrency,
-                "in_flight": agent._in_flight,
-                "max_concurrency": agent.declaration.max_concurrency,
-                "last_task_duration_ms": agent._last_duration_ms,
-                "consecutive_failure_count": agent._consecutive_failures,
-                "sent_at": time.time(),
-            }
+        return {**self.agent.runner.load(), "sent_at": time.time()}
 
 
 class _Refused(Exception):

@@ -60,8 +60,9 @@ def answer_size(answer: Any) -> int:
 
 
 class IdempotencyGuard:
-    """In-memory answers; the storage hooks (``_lookup``, ``_remember``, ``_count``,
-    ``_bytes``) are what a persistent guard replaces, always called under ``_lock``."""
+    """In-memory answers; the storage hooks (``_lookup``, ``_remember``, ``_forget``,
+    ``_count``, ``_bytes``) are what a persistent guard replaces, always called under
+    ``_lock``."""
 
     def __init__(
         self,
@@ -92,11 +93,15 @@ class IdempotencyGuard:
             return Begin("run")
 
     def finish(self, task_id: str, answer: Any, remember: bool) -> None:
-        """End a run; remember the answer only if it is final (not a transient failure)."""
+        """End a run; remember the answer only if it is final. A transient failure
+        (``remember=False``) also drops an answer kept before -- the 202 of a handler that
+        reported the failure later -- so the hub's retry runs the task again."""
         with self._lock:
             event = self._running.pop(task_id, None)
             if remember:
                 self._remember_bounded(task_id, answer)
+            else:
+                self._forget(task_id)
         if event is not None:
             event.set()
 
@@ -136,6 +141,9 @@ class IdempotencyGuard:
         self._done[task_id] = answer  # evicts the least recent past max_bytes
         while len(self._done) > self.capacity:
             self._done.popitem()
+
+    def _forget(self, task_id: str) -> None:
+        self._done.pop(task_id, None)
 
     def _count(self) -> int:
         return len(self._done)
@@ -240,6 +248,9 @@ class SqliteIdempotencyGuard(IdempotencyGuard):
                 (task_id, encoded, int(isinstance(answer, tuple)), size, now, now),
             )
             self._evict(now)
+
+    def _forget(self, task_id: str) -> None:
+        self._db.execute("DELETE FROM reach_dedup WHERE task_id = ?", (task_id,))
 
     def _evict(self, now: float) -> None:
         self._db.execute("DELETE FROM reach_dedup WHERE stored_at <= ?", (now - self.ttl,))

@@ -4,17 +4,22 @@ The built-in server (``Agent.serve``) and the ASGI app (``Agent.asgi_app``) both
 through `dispatch`, so ``GET /healthz``, ``POST /tasks/{method}``, the body limit and the
 404/400/413/429 answers cannot drift apart. Routing needs only the request line and the
 declared length; the body is read by the server (blocking or async, its business) and
-handed to `TaskCall.run`, which checks the delivery's reach token (``Agent.admit``), runs
-the handler and blocks until it is done.
+handed to `TaskCall.run` (a thread of the built-in server) or `TaskCall.run_async` (the
+ASGI app's event loop), which check the delivery's reach token (``Agent.admit``) and run
+the handler (``reach.sdk.running``): the answer comes when it ends, or as a 202 once it
+has run ``accept_after`` seconds.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from concurrent.futures import Executor
+
     from reach.sdk.agent import Agent
 
 MAX_REQUEST_BYTES = 1_048_576
@@ -27,7 +32,8 @@ class Reply:
     body: dict[str, Any]
 
     def encode(self) -> bytes:
-        return json.dumps(self.body, default=str).encode()
+        # strict, as the hub reads it: a handler's value was checked to be JSON (``running``)
+        return json.dumps(self.body, allow_nan=False).encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +48,22 @@ class TaskCall:
     def run(self, raw: bytes) -> Reply:
         """Parse the body, check its token, run the delivery (blocking: call it off any
         event loop)."""
+        admitted = self._admitted(raw)
+        if isinstance(admitted, Reply):
+            return admitted
+        return Reply(*self.agent.invoke(self.method, admitted))
+
+    async def run_async(self, raw: bytes, executor: Executor | None = None) -> Reply:
+        """`run` on an event loop: an ``async def`` handler runs on this loop; parsing
+        and the token check (which may fetch the hub's keys) on ``executor``."""
+        loop = asyncio.get_running_loop()
+        admitted = await loop.run_in_executor(executor, self._admitted, raw)
+        if isinstance(admitted, Reply):
+            return admitted
+        return Reply(*await self.agent.invoke_async(self.method, admitted, executor))
+
+    def _admitted(self, raw: bytes) -> dict[str, Any] | Reply:
+        """The delivery's body, or the answer that refuses it (not JSON, bad token)."""
         try:
             body = json.loads(raw or b"{}")
         except ValueError:
@@ -51,7 +73,7 @@ class TaskCall:
         refused = self.agent.admit(body, self.authorization)
         if refused is not None:
             return Reply(*refused)
-        return Reply(*self.agent.invoke(self.method, body))
+        return body
 
 
 TOO_LARGE = Reply(413, {"code": 413, "message": "request body too large"})

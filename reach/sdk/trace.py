@@ -1,8 +1,9 @@
 """Trace context: every reach carries (root_id, parent_task_id, hops, path).
 
-Inside a handler the SDK sets the current task's context, so a ``reach.send`` made there
-continues the same trace one hop further — the thread the hub follows to answer "which
-agents handled this, in what order" and, later, to refuse dependency loops.
+Inside a handler the SDK sets the current task's context (in the thread or the coroutine
+that runs it: ``reach.sdk.running``), so a ``reach.send`` made there continues the same
+trace one hop further — the thread the hub follows to answer "which agents handled
+this, in what order" and, later, to refuse dependency loops.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ _session: ContextVar[str | None] = ContextVar("reach_session", default=None)
 
 
 def current() -> dict[str, Any] | None:
-    """The trace of the task being handled in this thread, if any."""
+    """The trace of the task being handled in this thread or coroutine, if any."""
     return _current.get()
 
 
@@ -49,9 +50,10 @@ def handling(
     api_key: str | None = None,
     session_id: str | None = None,
 ) -> Iterator[None]:
-    """Mark the current thread as handling ``task_id`` of ``agent_id`` (whose hub and API
-    key are the defaults of reaches sent from there; ``session_id``: the user session the
-    task is bound to, which `reach.session_alive` checks and nested reaches inherit)."""
+    """Mark the current context (a thread's, or an asyncio task's) as handling ``task_id``
+    of ``agent_id`` (whose hub and API key are the defaults of reaches sent from there;
+    ``session_id``: the user session the task is bound to, which `reach.session_alive`
+    checks and nested reaches inherit)."""
     base = dict(trace or {})
     ctx = {
         "root_id": base.get("root_id") or task_id,

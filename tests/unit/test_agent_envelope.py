@@ -153,7 +153,7 @@ def test_backpressure_at_max_concurrency() -> None:
         )
         # A refusal is not a failure and does not take a slot.
         assert agent.in_flight == 1
-        assert agent._consecutive_failures == 0
+        assert agent.runner.consecutive_failures == 0
     finally:
         release.set()
         first.join(10)
@@ -197,7 +197,7 @@ def test_consecutive_failures(
     counts = []
     for n, _ in enumerate(outcomes):
         agent.invoke("m", {"task_id": f"t-{n}", "payload": {}})
-        counts.append(agent._consecutive_failures)
+        counts.append(agent.runner.consecutive_failures)
         assert agent.in_flight == 0
     assert counts == expected_counts
 
@@ -205,12 +205,12 @@ def test_consecutive_failures(
 def test_refusals_do_not_touch_the_failure_count(agent: reach.Agent) -> None:
     with_route(agent, handler_raising(Boom("x")))
     agent.invoke("m", TASK)
-    assert agent._consecutive_failures == 1
+    assert agent.runner.consecutive_failures == 1
     agent.invoke("m", TASK)  # a transient failure is not remembered: the retry runs again
-    assert agent._consecutive_failures == 2
+    assert agent.runner.consecutive_failures == 2
     agent.invoke("nope", TASK)
     agent.invoke("m", {})
-    assert agent._consecutive_failures == 2
+    assert agent.runner.consecutive_failures == 2
 
 
 # -- construction --------------------------------------------------------------------------

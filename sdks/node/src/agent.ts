@@ -19,6 +19,11 @@
  * Every delivery's reach token is checked first (`TokenVerifier`): a missing, forged,
  * expired, replayed or misaddressed one gets 401 and the handler never runs. A task
  * delivered twice (same `task_id`) runs once: the dedup guard answers the copy.
+ *
+ * Handlers may think for minutes: a delivery is answered 202 once its handler has run
+ * `acceptAfterMs` (10 s by default), and the SDK keeps the hub's watchdog off with
+ * keepalives and reports the outcome when the handler ends (`running.ts`), so an author
+ * writes an async function and returns its value. Its value must be JSON.
  */
 
 import { randomUUID } from "node:crypto";
@@ -29,6 +34,19 @@ import { AgentChannel } from "./channel.js";
 import { type Answer, IdempotencyGuard, DEFAULT_MAX_BYTES, DEFAULT_TTL_MS } from "./dedup.js";
 import { BusinessError, HubUnavailable, InvalidRegistration, StaleReport, UnknownInstance } from "./errors.js";
 import { HubClient, resolveApiKey } from "./http.js";
+import {
+  DEFAULT_ACCEPT_AFTER_MS,
+  DEFAULT_BUDGET_MS,
+  REPORT_BACKOFF_FIRST_MS,
+  REPORT_BACKOFF_MAX_MS,
+  REPORT_PATIENCE_MS,
+  acceptWaitMs,
+  accepted,
+  keepaliveIntervalMs,
+  notJson,
+  notJsonAnswer,
+  reportOf,
+} from "./running.js";
 import { TokenVerifier } from "./tokens.js";
 
 export const MAX_REQUEST_BYTES = 1_048_576;
@@ -100,6 +118,20 @@ export interface AgentOptions {
   /** Milliseconds an answer is kept for redeliveries (a day). */
   dedupTtlMs?: number;
   timeoutMs?: number;
+  /** Milliseconds a delivery waits for its handler (10 000; or half the time left before
+   * the delivery's deadline, if sooner) before it is answered 202: the handler goes on,
+   * keepalives hold the hub's watchdog off, and its outcome is reported when it ends.
+   * null: always answer when the handler ends. */
+  acceptAfterMs?: number | null;
+}
+
+/** A handler run: its outcome once it ends; reported to the hub once a delivery of it was
+ * answered 202 (`accepted`). */
+interface Run {
+  delivery: Delivery;
+  arrived: number;
+  accepted: boolean;
+  done: Promise<{ answer: Answer; failed: boolean }>;
 }
 
 /** The registration body (`POST /v1/agents/register`), as the Python SDK sends it. */
@@ -157,6 +189,8 @@ export class Agent {
   private readonly apiKey: string | undefined;
   private readonly routes = new Map<string, Handler>();
   private readonly attempts = new Map<string, number>();
+  private readonly runs = new Map<string, Run>();
+  private readonly acceptAfterMs: number | null;
   private readonly shared = new Int32Array(new SharedArrayBuffer(16));
   private readonly root: string;
   private worker: Worker | null = null;
@@ -210,6 +244,11 @@ export class Agent {
     this.apiKey = resolveApiKey(opts.apiKey);
     this.hub = new HubClient({ hub: opts.hub, apiKey: this.apiKey ?? "", timeoutMs: opts.timeoutMs });
     this.tokens = opts.verifyTokens === false ? null : new TokenVerifier(this.hub.baseUrl, opts.agentId);
+    const acceptAfterMs = opts.acceptAfterMs === undefined ? DEFAULT_ACCEPT_AFTER_MS : opts.acceptAfterMs;
+    if (acceptAfterMs !== null && !(acceptAfterMs >= 0)) {
+      throw new RangeError("acceptAfterMs must be null or a number of milliseconds >= 0");
+    }
+    this.acceptAfterMs = acceptAfterMs;
     this.dedup =
       opts.dedup ??
       new IdempotencyGuard({ maxBytes: opts.dedupMaxBytes ?? DEFAULT_MAX_BYTES, ttlMs: opts.dedupTtlMs ?? DEFAULT_TTL_MS });
@@ -597,21 +636,19 @@ export class Agent {
     const begin = this.dedup.begin(taskId);
     if (begin.action === "done") return begin.answer;
     if (begin.action === "running") {
-      // a duplicate while the first copy runs: wait a little for its answer
-      const finished = await Promise.race([begin.running.then(() => true), sleep(duplicateWait(body) * 1000).then(() => false)]);
+      // a copy while the first one runs: wait as long as a delivery waits for its handler
+      const finished = await within(begin.running.then(() => true), this.copyWaitMs(body));
       const answer = this.dedup.answerOf(taskId);
       if (answer !== undefined) return answer;
       if (finished) return [503, { code: -1, message: "first copy of this task failed; retry" }];
-      return [202, { code: 0, accepted: true, message: "already running" }];
+      const run = this.runs.get(taskId);
+      if (run !== undefined) this.follow(run); // its report names this copy's attempt
+      return accepted("already running");
     }
     if (this.inFlight >= this.declaration.max_concurrency) {
       this.dedup.finish(taskId, null, false);
       return [429, { code: 429, message: "agent at max_concurrency" }];
     }
-    Atomics.add(this.shared, IN_FLIGHT, 1);
-    const started = performance.now();
-    let failed = false;
-    let answer: Answer;
     const session = body["session_id"];
     const delivery: Delivery = {
       taskId,
@@ -623,26 +660,129 @@ export class Agent {
       childTrace: childTrace(body["trace"], taskId, this.agentId),
       body,
     };
-    try {
-      const value = await handler(taskId, payload as Record<string, unknown>, delivery);
-      answer = value === ACCEPTED ? [202, { code: 0, accepted: true }] : [200, wrap(value)];
-    } catch (err) {
-      if (err instanceof BusinessError) {
-        answer = [200, { code: err.code, message: err.message }];
-      } else {
-        failed = true;
-        console.error(`reach: handler for ${method} failed on task ${taskId}:`, err);
-        const name = err instanceof Error ? err.name : "Error";
-        answer = [500, { code: -1, message: `${name}: ${err instanceof Error ? err.message : String(err)}` }];
+    const run = this.startRun(handler, payload as Record<string, unknown>, delivery);
+    const wait = acceptWaitMs(this.acceptAfterMs, delivery.deadline, run.arrived);
+    const ended = wait === null ? await run.done : await within(run.done, wait);
+    if (ended !== null) return ended.answer;
+    this.follow(run);
+    return accepted();
+  }
+
+  /** Run `handler` (a slot is free): its outcome, counted in the load and kept by the
+   * dedup guard (unless it failed: the hub's retry runs it again). */
+  private startRun(handler: Handler, payload: Record<string, unknown>, delivery: Delivery): Run {
+    const { taskId, method } = delivery;
+    Atomics.add(this.shared, IN_FLIGHT, 1);
+    const started = performance.now();
+    const run = { delivery, arrived: Date.now(), accepted: false } as Run;
+    this.runs.set(taskId, run);
+    run.done = (async () => {
+      let failed = false;
+      let answer: Answer;
+      try {
+        const value = await handler(taskId, payload, delivery);
+        const found = value === ACCEPTED ? null : notJson(value);
+        if (found !== null) {
+          failed = true;
+          answer = notJsonAnswer(method, found);
+          console.error(`reach: task ${taskId}: ${String(answer[1]["message"])}`);
+        } else answer = value === ACCEPTED ? accepted() : [200, wrap(value)];
+      } catch (err) {
+        if (err instanceof BusinessError) {
+          answer = [200, { code: err.code, message: err.message }];
+        } else {
+          failed = true;
+          console.error(`reach: handler for ${method} failed on task ${taskId}:`, err);
+          const name = err instanceof Error ? err.name : "Error";
+          answer = [500, { code: -1, message: `${name}: ${err instanceof Error ? err.message : String(err)}` }];
+        }
+      } finally {
+        Atomics.sub(this.shared, IN_FLIGHT, 1);
+        Atomics.store(this.shared, LAST_US, Math.min(2 ** 31 - 1, Math.round((performance.now() - started) * 1000)));
       }
-    } finally {
-      Atomics.sub(this.shared, IN_FLIGHT, 1);
-      Atomics.store(this.shared, LAST_US, Math.min(2 ** 31 - 1, Math.round((performance.now() - started) * 1000)));
+      Atomics.store(this.shared, FAILURES, failed ? Atomics.load(this.shared, FAILURES) + 1 : 0);
+      // a transient failure is not remembered: the hub's retry must run the handler again
+      this.dedup.finish(taskId, answer, !failed);
+      if (this.runs.get(taskId) === run) this.runs.delete(taskId);
+      return { answer, failed };
+    })();
+    return run;
+  }
+
+  /** A delivery of `run` was answered 202: keep the task alive at the hub until the
+   * handler ends, then report its outcome. */
+  private follow(run: Run): void {
+    if (run.accepted) return;
+    run.accepted = true;
+    const deadline = run.delivery.deadline;
+    const budget = deadline === undefined ? DEFAULT_BUDGET_MS : deadline - run.arrived;
+    const keepalive = setInterval(() => void this.keepalive(run), keepaliveIntervalMs(budget));
+    keepalive.unref();
+    void run.done.then(async ({ answer, failed }) => {
+      clearInterval(keepalive);
+      await this.report(run, answer, failed);
+    });
+  }
+
+  /** The attempt a report names: the latest delivered here (a copy that came while the
+   * handler ran is the one the hub waits on), else the run's own. */
+  private attemptOf(run: Run): number | undefined {
+    return this.acceptedAttempt(run.delivery.taskId) ?? run.delivery.attemptSeq;
+  }
+
+  private async keepalive(run: Run): Promise<void> {
+    const taskId = run.delivery.taskId;
+    const seq = this.attemptOf(run);
+    if (seq === undefined) return;
+    try {
+      await this.hub.post(`/v1/tasks/${encodeURIComponent(taskId)}/progress`, {
+        attempt_seq: seq,
+        instance_id: this.instanceId,
+        keepalive: true,
+      });
+    } catch (err) {
+      const why = this.hub.redact((err as Error).message);
+      if (err instanceof StaleReport) console.info(`reach: keepalive of task ${taskId}: the hub moved on (${why})`);
+      else console.warn(`reach: keepalive of task ${taskId} not taken: ${why}`);
     }
-    Atomics.store(this.shared, FAILURES, failed ? Atomics.load(this.shared, FAILURES) + 1 : 0);
-    // a transient failure is not remembered: the hub's retry must run the handler again
-    this.dedup.finish(taskId, answer, !failed);
-    return answer;
+  }
+
+  private async report(run: Run, answer: Answer, failed: boolean): Promise<void> {
+    const taskId = run.delivery.taskId;
+    const fields = reportOf(answer, failed);
+    if (fields === null) return; // the handler returned ACCEPTED: it reports for itself
+    const giveUp = Date.now() + REPORT_PATIENCE_MS;
+    let pause = REPORT_BACKOFF_FIRST_MS;
+    for (;;) {
+      const seq = this.attemptOf(run);
+      if (seq === undefined) {
+        console.error(`reach: task ${taskId} ended after its 202, but its delivery named no attempt_seq: not reported`);
+        return;
+      }
+      try {
+        await this.postResult(taskId, seq, fields);
+        return;
+      } catch (err) {
+        const why = this.hub.redact((err as Error).message);
+        if (err instanceof StaleReport) {
+          console.warn(`reach: report of task ${taskId} refused, the hub moved on: ${why}`);
+          return;
+        }
+        if (!(err instanceof HubUnavailable) || Date.now() + pause > giveUp) {
+          console.error(`reach: report of task ${taskId} lost: ${why}`);
+          return;
+        }
+        console.warn(`reach: report of task ${taskId} waits for the hub (again in ${pause} ms): ${why}`);
+        await sleep(pause);
+        pause = Math.min(REPORT_BACKOFF_MAX_MS, pause * 2);
+      }
+    }
+  }
+
+  /** How long a copy of a running task waits for the first copy's answer, in ms. */
+  private copyWaitMs(body: Record<string, unknown>): number {
+    const deadline = typeof body["deadline"] === "number" ? body["deadline"] * 1000 : undefined;
+    return acceptWaitMs(this.acceptAfterMs, deadline, Date.now()) ?? duplicateWait(body) * 1000;
   }
 
   // -- results after 202 ----------------------------------------------------------------
@@ -652,13 +792,25 @@ export class Agent {
   async reportResult(
     taskId: string,
     data?: unknown,
-    opts: { code?: number; message?: string; attemptSeq?: number } = {},
+    opts: { code?: number; message?: string; attemptSeq?: number; transient?: boolean } = {},
   ): Promise<boolean> {
     const seq = this.attemptToReport(taskId, opts.attemptSeq);
-    const code = opts.code ?? 0;
     const message = opts.message ?? "";
+    if (opts.transient) {
+      // a failure that may pass: the hub retries; the guard forgets the task to run it again
+      this.dedup.finish(taskId, null, false);
+      return this.postResult(taskId, seq, { code: opts.code || -1, message, transient: true });
+    }
+    const code = opts.code ?? 0;
     this.dedup.finish(taskId, [200, code === 0 ? { code, data: data ?? null } : { code, message }], true);
+    return this.postResult(taskId, seq, { code, data, message });
+  }
+
+  /** `POST /v1/tasks/{id}/result` naming this instance and `seq`; true if it decided. */
+  private async postResult(taskId: string, seq: number, fields: Record<string, unknown>): Promise<boolean> {
+    const { code = 0, data, message = "", transient } = fields;
     const body: Record<string, unknown> = { code, data: data ?? null, message, attempt_seq: seq, instance_id: this.instanceId };
+    if (transient) body["transient"] = true;
     const answer = await this.hub.post<{ decided: boolean }>(`/v1/tasks/${encodeURIComponent(taskId)}/result`, body, {
       keys: ["decided"],
     });
@@ -751,6 +903,16 @@ function duplicateWait(body: Record<string, unknown>): number {
 
 function sleep(ms: number): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, ms).unref());
+}
+
+/** `promise`'s value if it settles within `ms`, else null (its timer cleared either way). */
+function within<T>(promise: Promise<T>, ms: number): Promise<T | null> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<null>((resolve) => {
+    timer = setTimeout(() => resolve(null), ms);
+    timer.unref();
+  });
+  return Promise.race([promise, late]).finally(() => clearTimeout(timer));
 }
 
 async function readBody(req: IncomingMessage): Promise<Buffer | null> {

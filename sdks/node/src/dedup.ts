@@ -77,11 +77,17 @@ export class IdempotencyGuard {
     return { action: "run" };
   }
 
-  /** End a run; remember the answer only if it is final (not a transient failure). */
+  /** End a run; remember the answer only if it is final. A transient failure (`remember`
+   * false) also drops an answer kept before -- the 202 of a handler that reported the
+   * failure later -- so the hub's retry runs the task again. */
   finish(taskId: string, answer: Answer | null, remember: boolean): void {
     const run = this.running.get(taskId);
     this.running.delete(taskId);
     if (remember && answer !== null) this.remember(taskId, answer);
+    else if (!remember) {
+      const kept = this.done.get(taskId);
+      if (kept !== undefined) this.drop(taskId, kept);
+    }
     run?.resolve();
   }
 

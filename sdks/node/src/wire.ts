@@ -61,6 +61,7 @@ export interface ProgressReport {
   data?: unknown;
   attempt_seq: number;
   instance_id: string;
+  keepalive?: boolean;
 }
 
 export interface RegisterRequest {
@@ -93,6 +94,7 @@ export interface ResultReport {
   message?: string;
   attempt_seq: number;
   instance_id: string;
+  transient?: boolean;
 }
 
 export interface SubmitRequest {

@@ -1,6 +1,6 @@
 // The Node agent against a real hub (api + worker + beat on SQLite, embedded broker):
 // registration, heartbeats, probes, tasks from Python, 202 then report, progress, dedup,
-// 429, reach tokens refused, SIGTERM, the channel, a mounted handler.
+// 429, reach tokens refused, SIGTERM, the channel, a mounted handler, a long handler reported.
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { generateKeyPairSync, randomUUID, sign } from "node:crypto";
@@ -318,6 +318,39 @@ test("channel mode: an agent with no addr takes a task over the WebSocket", asyn
     10_000,
     "node-ch deregistered on close",
   );
+});
+
+test("a handler longer than acceptAfterMs ends its task by the SDK's report, over HTTP and the channel", async () => {
+  let runs = 0;
+  const think = async (taskId, payload) => {
+    runs += 1;
+    await sleep(2_500);
+    return { thought: payload.q };
+  };
+  const port = await freePort();
+  const http = new Agent({ agentId: "node-think", addr: `127.0.0.1:${port}`, heartbeatInterval: 500, hub: hub.url, allowLoopback: true, acceptAfterMs: 300 });
+  const natted = new Agent({ agentId: "node-think-ch", channel: true, heartbeatInterval: 500, hub: hub.url, acceptAfterMs: 300 });
+  for (const agent of [http, natted]) {
+    agent.route("think", think);
+    await agent.start();
+    cleanup.push(() => agent.close());
+    await waitUntil(
+      async () => (await hub.instances(agent.agentId)).some((i) => i.status === "online" && i.instance_id === agent.instanceId),
+      15_000,
+      `${agent.agentId} online`,
+    );
+  }
+  for (const agent of [http, natted]) {
+    const taskId = await hub.submit({ agent_id: agent.agentId, method: "think", payload: { q: agent.agentId } });
+    const view = await hub.result(taskId, 30_000);
+    assert.equal(view.status, "success", JSON.stringify(view));
+    assert.deepEqual(view.result, { thought: agent.agentId });
+    const events = await hub.events(taskId);
+    assert.ok(events.some((e) => e.kind === "ack"), "answered 202");
+    assert.ok(events.some((e) => e.kind === "terminal_success" && e.detail.reported_by === agent.instanceId));
+  }
+  assert.equal(runs, 2);
+  await Promise.all([http.close(), natted.close()]);
 });
 
 test("heartbeats go on while a handler blocks the event loop; SIGTERM deregisters", async () => {
