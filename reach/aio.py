@@ -171,13 +171,15 @@ async def report_result(
     message: str = "",
     attempt_seq: int | None = None,
     instance_id: str | None = None,
+    transient: bool = False,
     hub: str | None = None,
     api_key: str | None = None,
 ) -> bool:
     """Report the result of a task answered with 202, as `reach.report_result`."""
     call = result_call(
-        task_id, data, code=code, message=message, attempt_seq=attempt_seq, instance_id=instance_id
-    )
+        task_id, data, code=code, message=message, attempt_seq=attempt_seq,
+        instance_id=instance_id, transient=transient,
+    )  # fmt: skip
     return bool((await _ask(call, hub, api_key))["decided"])
 
 

@@ -60,6 +60,7 @@ from reach.errors import (
 )
 from reach.schemas import Capability, DeregisterRequest, HeartbeatRequest, RegisterRequest
 from reach.sdk import sessions as liveness
+from reach.sdk.caller import progress_call, result_call
 from reach.sdk.dedup import (
     DEFAULT_MAX_BYTES,
     DEFAULT_TTL_S,
@@ -589,29 +590,23 @@ class Agent:
     ) -> bool:
         """``POST /v1/tasks/{id}/result`` naming this instance and ``attempt_seq``.
         A transient failure is ``code -1`` with ``"transient": true``."""
-        body: dict[str, Any] = {
-            "code": (code or -1) if transient else code,
-            "data": None if transient else data,
-            "message": message,
-            "attempt_seq": attempt_seq,
-            "instance_id": self.instance_id,
-        }
-        if transient:
-            body["transient"] = True
-        answer = self._reports.post(
-            f"/v1/tasks/{task_id}/result",
-            {k: v for k, v in body.items() if v is not None},
-            keys=("decided",),
-        )
-        return bool(answer["decided"])
+        call = result_call(
+            task_id, None if transient else data, code=(code or -1) if transient else code,
+            message=message, attempt_seq=attempt_seq, instance_id=self.instance_id,
+            transient=transient,
+        )  # fmt: skip
+        assert call.data is not None
+        return bool(self._reports.post(call.path, call.data, keys=call.keys)["decided"])
 
     def _post_keepalive(self, task_id: str, attempt_seq: int) -> None:
         """Tell the hub the handler of ``task_id`` still runs: its watchdog waits again
         (a ``keepalive`` progress report, which records no event)."""
-        self._reports.post(
-            f"/v1/tasks/{task_id}/progress",
-            {"attempt_seq": attempt_seq, "instance_id": self.instance_id, "keepalive": True},
-        )
+        call = progress_call(
+            task_id, None, "", None, attempt_seq=attempt_seq, instance_id=self.instance_id,
+            keepalive=True,
+        )  # fmt: skip
+        assert call.data is not None
+        self._reports.post(call.path, call.data)
 
     def report_progress(
         self,

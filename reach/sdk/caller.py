@@ -377,6 +377,7 @@ def report_result(
     message: str = "",
     attempt_seq: int | None = None,
     instance_id: str | None = None,
+    transient: bool = False,
     hub: str | None = None,
     api_key: str | None = None,
 ) -> bool:
@@ -386,10 +387,13 @@ def report_result(
     attempt went to: ``attempt_seq`` is the delivery's, ``instance_id`` the agent's own
     (``Agent.report_result`` fills both in). A report without them is refused (422); one
     for an attempt or instance the task no longer waits on raises ``StaleReport``.
+    ``transient``: the accepted work failed in a way a retry may mend (a non-zero
+    ``code``): the hub retries the task with backoff, as for a 5xx answer.
     """
     call = result_call(
-        task_id, data, code=code, message=message, attempt_seq=attempt_seq, instance_id=instance_id
-    )
+        task_id, data, code=code, message=message, attempt_seq=attempt_seq,
+        instance_id=instance_id, transient=transient,
+    )  # fmt: skip
     return bool(ask(call, hub, api_key)["decided"])
 
 
@@ -401,6 +405,7 @@ def result_call(
     message: str,
     attempt_seq: int | None,
     instance_id: str | None,
+    transient: bool = False,
 ) -> Call:
     body = {
         "code": code,
@@ -408,6 +413,7 @@ def result_call(
         "message": message,
         "attempt_seq": attempt_seq,
         "instance_id": instance_id,
+        "transient": transient or None,
     }
     return Call("POST", f"/v1/tasks/{task_id}/result", _present(body), ("decided",))
 
@@ -438,13 +444,16 @@ def progress_call(
     *,
     attempt_seq: int | None,
     instance_id: str | None,
+    keepalive: bool = False,
 ) -> Call:
+    """A progress report; a ``keepalive`` says only that the work goes on (no event)."""
     body = {
         "progress": progress,
-        "message": message,
+        "message": message or None,
         "data": data,
         "attempt_seq": attempt_seq,
         "instance_id": instance_id,
+        "keepalive": keepalive or None,
     }
     return Call("POST", f"/v1/tasks/{task_id}/progress", _present(body))
 
