@@ -79,7 +79,7 @@ from reach.sdk.running import (
     Runner,
     accepted,
 )
-from reach.sdk.tls import TLSConfig, TLSHTTPServer
+from reach.sdk.tls import LISTEN_BACKLOG, TLSConfig, TLSHTTPServer
 from reach.sdk.tokens import TokenVerifier
 
 if TYPE_CHECKING:
@@ -372,7 +372,7 @@ class Agent:
         server = (
             TLSHTTPServer((bind.host, bind.port), handler, self.tls)
             if self.tls is not None
-            else ThreadingHTTPServer((bind.host, bind.port), handler)
+            else _AgentHTTPServer((bind.host, bind.port), handler)
         )
         server.daemon_threads = True
         self._server = server
@@ -670,6 +670,10 @@ def _duplicate_wait(body: Mapping[str, Any]) -> float:
     if isinstance(deadline, int | float):
         return max(0.0, min(30.0, deadline - time.time()))
     return 5.0
+
+
+class _AgentHTTPServer(ThreadingHTTPServer):
+    request_queue_size = LISTEN_BACKLOG  # see reach.sdk.tls.LISTEN_BACKLOG
 
 
 def _make_request_handler(agent: Agent) -> type[BaseHTTPRequestHandler]:

@@ -93,12 +93,21 @@ def hub_peer_refusal(peer: dict[str, Any] | None) -> str | None:
     return None
 
 
+LISTEN_BACKLOG = 1024
+"""Connections an agent's server lets wait to be accepted. A hub keeps hundreds of
+exchanges in flight and sends a burst at once; the standard library's 5 made the kernel
+drop SYNs, and the hub's connects then failed after their timeout (a breaker opened on a
+healthy agent)."""
+
+
 class TLSHTTPServer(ThreadingHTTPServer):
     """A ThreadingHTTPServer whose connections are TLS, handshaken on their own thread.
 
     The accept loop never waits on a peer: a slow or silent client holds only the thread
     its connection got, for at most ``HANDSHAKE_TIMEOUT_S``.
     """
+
+    request_queue_size = LISTEN_BACKLOG
 
     def __init__(self, address: tuple[str, int], handler: Any, tls: TLSConfig) -> None:
         self.tls = tls

@@ -33,6 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from reach.sdk.tls import LISTEN_BACKLOG
 from tests.support import processes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -162,7 +163,10 @@ def make_server(
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    class Server(ThreadingHTTPServer):
+        request_queue_size = LISTEN_BACKLOG  # a burst of exchanges, as for SDK agents
+
+    server = Server(("127.0.0.1", port), Handler)
     server.daemon_threads = True
     return server
 
