@@ -435,11 +435,11 @@ class ExchangeSettings(_Section):
         "the exchanges of a worker that died are delivered again this long after",
     )
     drain_s: float = Field(
-        10.0,
+        5.0,
         ge=0,
         le=3600,
         description="a worker stopping lets its exchanges end this long, then hands the rest "
-        "back for delivery at once",
+        "back for delivery at once (inside a supervisor's 10 s stop grace)",
     )
     record_threads: int = Field(
         4, ge=1, le=64, description="threads per worker process that record agents' answers"

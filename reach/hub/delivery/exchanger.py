@@ -76,7 +76,7 @@ class Exchanger:
         publish: Callable[[list[Publish]], object],
         *,
         max_in_flight: int = 2000,
-        drain_s: float = 10.0,
+        drain_s: float = 5.0,
         record_threads: int = 4,
     ) -> None:
         self.pipeline = pipeline

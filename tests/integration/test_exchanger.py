@@ -1,0 +1,258 @@
+"""A worker process's exchanger, on real stores (SQLite, PostgreSQL) and a real agent
+endpoint on loopback that holds its answers and counts what it holds at once.
+
+* a hand-over returns at once, and the exchange ends recorded by the exchanger itself;
+* an exchange longer than its lease keeps the lease renewed (the relay's net would
+  otherwise take the attempt from a live worker);
+* `drain` lets exchanges end, and gives back the leases of those that do not, so the
+  relay's net delivers them again at once instead of after the lease;
+* never more than an instance's ``max_concurrency`` at that instance, never more than
+  ``max_in_flight`` in all: the next hand-over waits for a place.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from reach.hub import outbox, registry, submission
+from reach.hub.breakers import Breakers
+from reach.hub.delivery.exchanger import Exchanger
+from reach.hub.delivery.pipeline import Pipeline
+from reach.hub.delivery.policy import DeliveryPolicy
+from reach.hub.delivery.routing import Dispatch
+from reach.hub.delivery.transports import AgentTransport
+from reach.hub.ledger import Publish
+from reach.hub.monitoring import Policy
+from reach.hub.settings import Settings
+from reach.hub.storage import session_factory
+from reach.hub.storage.models import TaskRow
+from reach.schemas import RegisterRequest, SubmitRequest
+from tests.conftest import wait_until
+
+SETTINGS = Settings.model_validate({"exchanges": {"lease_s": 1.0}})
+
+
+class HoldingAgent:
+    """Answers each delivery once released (or after ``hold`` s), counting how many it
+    holds at once."""
+
+    def __init__(self, hold: float = 30.0) -> None:
+        self.hold = hold
+        self.release = threading.Event()
+        self.lock = threading.Lock()
+        self.now = 0
+        self.most = 0
+        self.calls = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with outer.lock:
+                    outer.calls += 1
+                    outer.now += 1
+                    outer.most = max(outer.most, outer.now)
+                outer.release.wait(outer.hold)
+                with outer.lock:
+                    outer.now -= 1
+                data = json.dumps({"code": 0, "data": {"done": body["task_id"]}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def addr(self) -> str:
+        return f"127.0.0.1:{self.server.server_address[1]}"
+
+    def held(self) -> int:
+        with self.lock:
+            return self.now
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def sessions(engine: Engine) -> sessionmaker[Session]:
+    return session_factory(engine)
+
+
+@pytest.fixture
+def agent() -> Iterator[HoldingAgent]:
+    server = HoldingAgent()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def transport() -> AgentTransport:
+    return AgentTransport()
+
+
+def pipeline(sessions: sessionmaker[Session]) -> Pipeline:
+    return Pipeline(
+        sessions,
+        time.time,
+        Policy.from_settings(SETTINGS),
+        DeliveryPolicy.from_settings(SETTINGS),
+        random.Random(1),
+        Breakers(),
+    )
+
+
+def tasks(
+    sessions: sessionmaker[Session], addr: str, n: int, max_concurrency: int = 100
+) -> list[str]:
+    with sessions.begin() as s:
+        registry.register(
+            s,
+            RegisterRequest(
+                agent_id="a", addr=addr, allow_loopback=True, capabilities=[{"type": "m"}],
+                max_concurrency=max_concurrency,
+            ),
+            time.time(),
+            Policy.from_settings(SETTINGS),
+        )  # fmt: skip
+        ids = []
+        for _ in range(n):
+            view, _ = submission.submit(s, SubmitRequest(agent_id="a", method="m"), time.time())
+            ids.append(str(view["task_id"]))
+    return ids
+
+
+def begun(p: Pipeline, task_id: str) -> Dispatch:
+    d = p.begin(task_id, 1)
+    assert isinstance(d, Dispatch), d
+    return d
+
+
+def row(sessions: sessionmaker[Session], task_id: str) -> TaskRow:
+    with sessions() as s:
+        found = s.scalar(select(TaskRow).where(TaskRow.task_id == task_id))
+        assert found is not None
+        return found
+
+
+def exchanger(p: Pipeline, transport: AgentTransport, **kw: Any) -> Exchanger:
+    published: list[Publish] = []
+    return Exchanger(p, transport, published.extend, **kw)
+
+
+def test_a_hand_over_returns_at_once_and_the_exchanger_records_the_end(
+    sessions: sessionmaker[Session], agent: HoldingAgent, transport: AgentTransport
+) -> None:
+    p = pipeline(sessions)
+    ids = tasks(sessions, agent.addr, 20)
+    ex = exchanger(p, transport)
+    started = time.monotonic()
+    for task_id in ids:
+        ex.hand_over(begun(p, task_id))
+    assert time.monotonic() - started < agent.hold  # none waited on the agent
+    wait_until(lambda: agent.held() == 20, timeout=10, what="all 20 at the agent at once")
+    assert ex.in_flight == 20
+    agent.release.set()
+    wait_until(lambda: ex.in_flight == 0, timeout=10, what="all recorded")
+    assert {row(sessions, t).status for t in ids} == {"success"}
+    assert agent.calls == 20
+
+
+def test_an_exchange_longer_than_its_lease_keeps_it_renewed(
+    sessions: sessionmaker[Session], agent: HoldingAgent, transport: AgentTransport
+) -> None:
+    p = pipeline(sessions)
+    (task_id,) = tasks(sessions, agent.addr, 1)
+    ex = exchanger(p, transport)
+    ex.hand_over(begun(p, task_id))
+    first = row(sessions, task_id).lease_until
+    assert first is not None
+    # the first lease covers connect + 1 s + the margin: wait past it, renewed meanwhile
+    wait_until(
+        lambda: time.time() > first + 0.5, timeout=30, interval=0.2, what="the first lease over"
+    )
+    now = row(sessions, task_id)
+    assert (now.status, now.attempt_seq) == ("dispatching", 1)
+    assert now.lease_until is not None and now.lease_until > time.time()
+    # the relay's net sees nothing lapsed: the attempt stays with its live exchange
+    with sessions.begin() as s:
+        recovery = outbox.recover(s, time.time(), p.dpolicy, random.Random(1))
+    assert recovery.redelivered == 0
+    agent.release.set()
+    wait_until(lambda: row(sessions, task_id).status == "success", timeout=10, what="success")
+
+
+def test_drain_gives_back_what_is_still_in_flight(
+    sessions: sessionmaker[Session], agent: HoldingAgent, transport: AgentTransport
+) -> None:
+    p = pipeline(sessions)
+    ids = tasks(sessions, agent.addr, 3)
+    ex = exchanger(p, transport)
+    for task_id in ids:
+        ex.hand_over(begun(p, task_id))
+    wait_until(lambda: agent.held() == 3, timeout=10, what="at the agent")
+    assert ex.drain(timeout=0.3) == 3
+    # their leases ended with the drain: the relay's net redelivers them now, not in ~12 s
+    with sessions.begin() as s:
+        recovery = outbox.recover(s, time.time() + 0.01, p.dpolicy, random.Random(1))
+    assert recovery.redelivered == 3
+    assert {(row(sessions, t).status, row(sessions, t).attempt_seq) for t in ids} == {
+        ("pending", 2)
+    }
+
+
+def test_at_most_max_concurrency_at_one_instance(
+    sessions: sessionmaker[Session], transport: AgentTransport
+) -> None:
+    agent = HoldingAgent(hold=0.3)
+    try:
+        p = pipeline(sessions)
+        ids = tasks(sessions, agent.addr, 8, max_concurrency=2)
+        ex = exchanger(p, transport)
+        for task_id in ids:
+            ex.hand_over(begun(p, task_id))
+        wait_until(lambda: ex.in_flight == 0, timeout=30, what="all recorded")
+        assert {row(sessions, t).status for t in ids} == {"success"}
+        assert agent.most == 2  # the others waited on the loop, not at the agent (no 429)
+    finally:
+        agent.close()
+
+
+def test_past_max_in_flight_a_hand_over_waits_for_a_place(
+    sessions: sessionmaker[Session], agent: HoldingAgent, transport: AgentTransport
+) -> None:
+    p = pipeline(sessions)
+    ids = tasks(sessions, agent.addr, 3)
+    ex = exchanger(p, transport, max_in_flight=2)
+    for task_id in ids[:2]:
+        ex.hand_over(begun(p, task_id))
+    third = begun(p, ids[2])
+    handed = threading.Event()
+    threading.Thread(target=lambda: (ex.hand_over(third), handed.set()), daemon=True).start()
+    time.sleep(0.5)
+    assert not handed.is_set() and agent.held() == 2
+    agent.release.set()
+    assert handed.wait(10)
+    wait_until(lambda: ex.in_flight == 0, timeout=10, what="all recorded")
+    assert {row(sessions, t).status for t in ids} == {"success"}
