@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from bench import calibrate, cost, fleet, flow, micro, readme, report, scenarios, soak
+from bench import calibrate, cost, fleet, flow, micro, readme, report, scenarios, slow, soak
 from bench import channel as bench_channel
 from bench import semantic as bench_semantic
 from bench.processes import CELERY_URL, REPO, Hub, flush_redis, postgres_settings, spawn
@@ -39,6 +39,7 @@ ALL = (
     "fleet",  # a hub of its own: idle instances heartbeating, routing by capability
     "table_scale",  # hubs of their own: an empty store against one of finished tasks
     "soak",  # a hub of its own: 30 minutes at the single hop's rate, an agent flapping
+    *slow.SLOW,  # slow_agents, broadcast50: one hub of their own, `reach worker` as shipped
     *flow.FLOW,  # retry_storm, loop, priority, backpressure: each on a hub of its own
 )
 
@@ -176,6 +177,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "baselines",
             "fleet",
             "table_scale",
+            *slow.SLOW,
             *flow.FLOW,
         }:  # the main hub (others: their own)
             _on_main_hub(hub, home, plan, parts, result, args, log, guard)
@@ -185,7 +187,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if "max_throughput" in parts and plan.settings:  # the hub at its other settings
             with guard("hub_settings"):
                 result["details"]["hub_settings"] = _hub_settings(plan, home, log)
-        wanted = [n for n in flow.FLOW if n in parts]  # after the main hub stopped
+        thinking = [n for n in slow.SLOW if n in parts]  # after the main hub stopped
+        if thinking:
+            with guard(" and ".join(thinking)):  # the hub's start; each part guards its own
+                result.update(slow.measure(thinking, plan, home, log, guard))
+        wanted = [n for n in flow.FLOW if n in parts]
         if wanted:
             with guard("flow"):
                 result["flow"] = _flow(wanted, plan, home, concurrency, args.worker_pool, log)
@@ -688,10 +694,37 @@ def targets(result: dict[str, Any]) -> list[Target]:
         out.append(Target("tokens runs lost tasks", lost, 0))
     return (
         out
+        + slow_targets(result)
         + bench_semantic.targets(result)
         + flow_targets(result.get("flow") or {})
         + scale_targets(result)
     )
+
+
+def slow_targets(result: dict[str, Any]) -> list[Target]:
+    """Agents that think (``bench.slow``): every batch of slow tasks ends within 6 s of its
+    first submit (judged on its slowest batch), a broadcast to 50 instances of a 2 s agent
+    within 4 s (its slowest), and every task ends ``success``."""
+    out = []
+    sa = result.get("slow_agents")
+    if sa:
+        for variant, row in sa["variants"].items():
+            name = f"slow agents, {sa['tasks']} tasks of {sa['handler_s']:g} s at once ({variant})"
+            out += [
+                Target(f"{name}: slowest batch wall s", row["wall_max_s"], slow.WALL_LIMIT_S),
+                Target(f"{name}: tasks not ended success (lost or failed)", row["not_success"], 0),
+            ]  # fmt: skip
+    fan = result.get("broadcast50")
+    if fan:
+        name = f"broadcast to {fan['instances']} instances of a {fan['handler_s']:g} s agent"
+        nan = float("nan")
+        out += [
+            Target(f"{name}: slowest of {fan['broadcasts']}, s",
+                   nan if fan["max_s"] is None else fan["max_s"], slow.BROADCAST_LIMIT_S),
+            Target(f"{name}: targets not succeeded", fan["targets_not_succeeded"], 0),
+            Target("broadcast50 run lost tasks", fan["lost"], 0),
+        ]  # fmt: skip
+    return out
 
 
 def scale_targets(result: dict[str, Any]) -> list[Target]:
@@ -823,6 +856,8 @@ def _progress(t0: float) -> Any:
                 *("http_cpu_ms_per_msg", "channel_cpu_ms_per_msg", "sustained"),
                 *("cpu_ms_per_msg", "hub_cpu_ms_per_msg", "total_cpu_ms_per_msg", "error"),
                 "cpu_ms",  # the hot path's, per operation
+                *("wall_limit_s", "wall_max_s", "not_success"),  # in flight, slow agents
+                *("durations_s", "max_s", "targets_not_succeeded"),  # broadcast50
             )
         }
         print(f"[{time.monotonic() - t0:6.1f}s] {name}: {keep}", file=sys.stderr, flush=True)

@@ -237,6 +237,9 @@ class MockAgent:
     port: int = 0
     proc: Proc | None = None
     verify_tokens: bool = False  # the baselines post without a token (see bench.mock_agent)
+    max_concurrency: int = 256  # declared per instance
+    instances: int = 1  # served by the one process (bench.mock_agent --instances)
+    tags: tuple[str, ...] = ("bench",)
 
     def start(self) -> MockAgent:
         self.port = self.port or free_port()
@@ -259,6 +262,9 @@ class MockAgent:
             argv += ["--forward-to", self.forward_to]
         if self.verify_tokens:
             argv.append("--verify-tokens")
+        argv += ["--max-concurrency", str(self.max_concurrency), "--tags", ",".join(self.tags)]
+        if self.instances > 1:
+            argv += ["--instances", str(self.instances)]
         env = {k: v for k, v in os.environ.items() if not k.startswith("REACH_")}
         self.proc = spawn(f"agent-{self.agent_id}-{self.port}", argv, env, self.home)
         wait_ok(f"{self.url}/healthz", self.proc)
@@ -286,6 +292,20 @@ class MockAgent:
             timeout=5,
         ).json()
         return {int(k): int(v) for k, v in answer["data"]["received"].items()}
+
+
+def wait_instances(hub_url: str, agent_id: str, count: int, timeout: float = 60) -> None:
+    """Until ``count`` instances of the agent are online (registered and probed)."""
+    deadline = time.monotonic() + timeout
+    online = 0
+    while time.monotonic() < deadline:
+        answer = requests.get(f"{hub_url}/api/v1/agents/{agent_id}", timeout=5)
+        found = answer.json().get("instances", []) if answer.ok else []
+        online = sum(1 for i in found if i["status"] == "online")
+        if online >= count:
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"{online} of {count} instances of {agent_id} online within {timeout}s")
 
 
 def wait_routable(hub_url: str, agent_ids: list[str], timeout: float = 30) -> None:

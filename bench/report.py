@@ -25,6 +25,7 @@ FIELD = {  # the field's published figures (three servers), for the table
     "priority": "online p99 6 s under background load (2 s after tuning)",
     "backpressure": "a fast agent flooded a slow one",
 }
+SEED_INFLIGHT_P99_MS = 920.0  # seed 004's 2,000 tasks in flight to a 1 s agent, after tuning
 
 
 def write(result: dict[str, Any], out: Path) -> list[Path]:
@@ -159,6 +160,7 @@ def markdown(result: dict[str, Any]) -> str:
             + " | ".join(cells)
             + f" | {_fmt(row.get('loadgen_lag_p99_ms'))} | {FIELD[name]} |"
         )
+    lines += inflight_lines(result)
     fault = (result.get("details") or {}).get("fault")
     if fault and "successes" in fault:
         lines += [
@@ -257,6 +259,7 @@ def markdown(result: dict[str, Any]) -> str:
             ),
         ]
         lines += _token_cpu(tokens)
+    lines += slow_lines(result)
     lines += bench_semantic.lines(result)
     lines += flow_lines(result.get("flow") or {})
     lines += scale_lines(result)
@@ -317,6 +320,70 @@ def _token_cpu(tokens: dict[str, Any]) -> list[str]:
         f"CPU per message at {_fmt(tokens['rate'])}/s, all processes (on / off): "
         f"{_fmt(tokens['cpu_on_ms'])} / {_fmt(tokens['cpu_off_ms'])} ms; by process: {roles}.",
     ]
+
+
+def inflight_lines(result: dict[str, Any]) -> list[str]:
+    """The in-flight run's wall against its limit, and its p99 beside seed 004's."""
+    row = result["scenarios"].get("inflight2000")
+    detail = (result.get("details") or {}).get("inflight2000")
+    if not row or not detail:
+        return []
+    agent = detail.get("agent", "2 agents that answer 202 and report 1 s later")
+    return [
+        "",
+        f"In flight: {detail['tasks']:,} tasks at once to {agent}: wall "
+        f"{_fmt(detail['wall_s'])} s (the median run's; limit 1 s + tasks ÷ max throughput: "
+        f"{_fmt(detail['wall_limit_s'])} s); p99 {_fmt(row.get('p99_ms'))} ms (seed 004 "
+        f"after tuning: {SEED_INFLIGHT_P99_MS:,.0f} ms); hub peak RSS "
+        f"{_fmt(row.get('peak_rss_mb'))} MB.",
+    ]
+
+
+def slow_lines(result: dict[str, Any]) -> list[str]:
+    """Agents that think (``bench.slow``): a row per slow agent, a line for the broadcasts."""
+    sa, fan = result.get("slow_agents"), result.get("broadcast50")
+    if not sa and not fan:
+        return []
+    worker = (sa or fan or {}).get("worker", "prefork x2")
+    lines = ["", f"Agents that think (a hub of its own, `reach worker` as shipped: {worker}):"]
+    if sa:
+        lines += [
+            "",
+            f"{sa['tasks']} tasks submitted at once (within {_fmt(sa['submitted_within_s'])} s) "
+            f"to an agent whose handler takes {sa['handler_s']:g} s, each caller waiting for "
+            "its result; wall: first submit to last result, the median (min-max) of the "
+            "batches; latency: submit to result; accepted within: the first task's acceptance "
+            "to the last one's, in the store (the API taking the batch in), median (max).",
+            "",
+            "| slow_agents | batches | wall s | p50 ms | p99 ms | accepted within s "
+            "| caller errors | not success | hub peak RSS MB |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for row in sa["variants"].values():
+            walls = row["walls_s"]
+            wall = _fmt(row["wall_s"])
+            if len(walls) > 1:
+                wall += f" ({_fmt(min(walls))}-{_fmt(max(walls))})"
+            accepted = _fmt(row.get("accepted_within_s"))
+            if len(walls) > 1 and row.get("accepted_within_max_s") is not None:
+                accepted += f" ({_fmt(row['accepted_within_max_s'])})"
+            lines.append(
+                f"| {row['agent']} | {len(walls)} | {wall} | {_spread(row, 'p50_ms')} "
+                f"| {_spread(row, 'p99_ms')} | {accepted} | {_fmt(row['errors'])} "
+                f"| {_fmt(row['not_success'])} | {_fmt(row['peak_rss_mb'])} |"
+            )
+    if fan:
+        lines += [
+            "",
+            f"broadcast50: {fan['broadcasts']} broadcasts one after another (after one to "
+            f"warm up, {_fmt(fan['warm_up']['duration_s'])} s) to {fan['instances']} "
+            f"instances of an agent whose `def` handler takes {fan['handler_s']:g} s: "
+            f"duration p50 {_fmt(fan['p50_s'])} s, p99 {_fmt(fan['p99_s'])} s, max "
+            f"{_fmt(fan['max_s'])} s; every target succeeded: "
+            f"{'yes' if fan['all_succeeded'] else 'no'} "
+            f"({fan['targets_not_succeeded']} of {fan['instances'] * fan['broadcasts']} not).",
+        ]
+    return lines
 
 
 def scale_lines(result: dict[str, Any]) -> list[str]:

@@ -78,10 +78,13 @@ MIN_VOLUME = 10
 )
 def test_the_breaker_opens_on_hub_wide_evidence(stack: Stack, tmp_path: Path) -> None:
     """Two worker processes share one window: the breaker opens after about min_volume
-    failed answers in all (per-process windows would need about twice as many)."""
+    failed answers in all (per-process windows would need about twice as many). The agent
+    takes one task at a time (max_concurrency 1: each process keeps one exchange at it),
+    so the answers arrive one after another, as the windows count them."""
     agent = OutageAgentProcess(
-        stack.url, tmp_path, free_port(), instance_id="out-1", delay=0.6, down=False
-    )
+        stack.url, tmp_path, free_port(), instance_id="out-1", delay=0.6, down=False,
+        max_concurrency=1,
+    )  # fmt: skip
     try:
         online(stack, "outage")
         # one task first, while the agent is up: the agent then knows the key the workers

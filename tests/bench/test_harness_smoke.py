@@ -138,6 +138,19 @@ def test_no_accepted_task_is_lost(smoke: dict[str, object]) -> None:
         assert row["lost"] == 0, name
 
 
+def test_every_task_to_an_agent_that_thinks_ends_success(smoke: dict[str, object]) -> None:
+    """Slow agents (SDK def and async def handlers, a plain HTTP service) and a broadcast
+    to many instances of one, on a hub of their own: nothing lost, nothing failed."""
+    variants = smoke["slow_agents"]["variants"]  # type: ignore[index]
+    assert set(variants) == {"sync", "async", "plain"}
+    for name, row in variants.items():
+        assert row["not_success"] == row["errors"] == row["lost"] == 0, (name, row["statuses"])
+    fan = smoke["broadcast50"]
+    assert fan["all_succeeded"] and fan["lost"] == 0, fan["runs"]  # type: ignore[index]
+    assert "| slow_agents |" in str(smoke["_stdout"])
+    assert "broadcast50: " in str(smoke["_stdout"])
+
+
 def test_fault_run_callers_all_get_a_definitive_answer(smoke: dict[str, object]) -> None:
     fault = smoke["details"]["fault"]  # type: ignore[index]
     outcomes = fault["outcomes"]

@@ -273,3 +273,16 @@ def test_the_tokens_part_says_what_a_message_costs_on_and_off() -> None:
     text = markdown(result)
     assert "Each run's saturated rate (on / off): 100.0 / 100.0" in text
     assert "CPU per message at" not in text
+
+
+def test_the_in_flight_run_reads_against_its_limit_and_seed_004s_p99() -> None:
+    result = _result()
+    result["details"]["inflight2000"]["agent"] = "2 instances, def handler answering after 1 s"
+    text = markdown(result)
+    assert (
+        "In flight: 2,000 tasks at once to 2 instances, def handler answering after 1 s: wall "
+        "9.0 s (the median run's; limit 1 s + tasks ÷ max throughput: 11.4 s); p99 8,000.0 ms "
+        "(seed 004 after tuning: 920 ms); hub peak RSS 300.0 MB." in text
+    )
+    del result["details"]["inflight2000"]  # a run without the part's detail: no line
+    assert "In flight:" not in markdown(result)

@@ -24,7 +24,9 @@ import pytest
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from reach.core.auth import OPEN
 from reach.hub import outbox, registry, submission
+from reach.hub import sessions as user_sessions
 from reach.hub.breakers import Breakers
 from reach.hub.delivery.exchanger import Exchanger
 from reach.hub.delivery.pipeline import Pipeline
@@ -256,3 +258,39 @@ def test_past_max_in_flight_a_hand_over_waits_for_a_place(
     assert handed.wait(10)
     wait_until(lambda: ex.in_flight == 0, timeout=10, what="all recorded")
     assert {row(sessions, t).status for t in ids} == {"success"}
+
+
+def test_an_attempt_whose_session_closed_while_it_waited_is_cancelled_unsent(
+    sessions: sessionmaker[Session], agent: HoldingAgent, transport: AgentTransport
+) -> None:
+    """A task waiting in the hub for its instance's place is not in the agent's hands: a
+    close of its session (or its expiry) cancels it before it is sent."""
+    p = pipeline(sessions)
+    with sessions.begin() as s:
+        registry.register(
+            s,
+            RegisterRequest(
+                agent_id="a", addr=agent.addr, allow_loopback=True,
+                capabilities=[{"type": "m"}], max_concurrency=1,
+            ),
+            time.time(),
+            Policy.from_settings(SETTINGS),
+        )  # fmt: skip
+        ids = [
+            str(
+                submission.submit(
+                    s, SubmitRequest(agent_id="a", method="m", session_id="chat-1"), time.time()
+                )[0]["task_id"]
+            )
+            for _ in range(2)
+        ]
+    ex = exchanger(p, transport)
+    for task_id in ids:
+        ex.hand_over(begun(p, task_id))
+    wait_until(lambda: agent.held() == 1, timeout=10, what="the first at the agent")
+    with sessions.begin() as s:
+        user_sessions.close(s, "chat-1", OPEN, time.time(), reason="user left")
+    agent.release.set()
+    wait_until(lambda: ex.in_flight == 0, timeout=10, what="both ended")
+    assert row(sessions, ids[1]).status == "cancelled"
+    assert agent.calls == 1  # the waiting one was never sent

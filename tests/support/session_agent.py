@@ -61,6 +61,7 @@ def main() -> None:
     parser.add_argument("--hub", required=True)
     parser.add_argument("--agent-id", default="sessioned")
     parser.add_argument("--heartbeat-interval", type=float, default=0.5)
+    parser.add_argument("--max-concurrency", type=int, default=8)
     args = parser.parse_args()
 
     agent = reach.Agent(
@@ -71,7 +72,7 @@ def main() -> None:
             {"type": "work.do", "params_schema": {"type": "object"}},
             {"type": "policy.pay", "params_schema": {"type": "object"}},  # gated by the hub
         ],
-        max_concurrency=8,
+        max_concurrency=args.max_concurrency,
         heartbeat_interval=args.heartbeat_interval,
         hub=args.hub,
     )

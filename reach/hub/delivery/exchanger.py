@@ -22,7 +22,9 @@ At most ``exchanges.max_in_flight`` exchanges per process: past it, `hand_over` 
 the slot until one ends (backpressure onto the broker's queue, not unbounded memory).
 And at most an instance's declared ``max_concurrency`` of them at that instance: the
 others wait on the loop for a place (no slot, no agent time spent on a 429) for as long
-as their exchange's budget, and only then count as the instance's backpressure.
+as their exchange's budget, and only then count as the instance's backpressure. One that
+waited is looked at again before it is sent: a task whose session closed meanwhile is
+cancelled unsent, and an instance whose breaker opened meanwhile is not sent to.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ from reach.core import a2a as a2a_rules
 from reach.core.answers import AgentAnswer
 from reach.core.channel import redacted
 from reach.errors import HubUnavailable
+from reach.hub import breakers as breaker_store
+from reach.hub import sessions as user_sessions
 from reach.hub.delivery.claims import renew
 from reach.hub.delivery.pipeline import Pipeline
 from reach.hub.delivery.routing import Dispatch
@@ -55,6 +59,8 @@ EXCHANGES_TOTAL = Counter(
     "Agent exchanges started and ended by workers (in flight: started - ended).",
     ["stage"],
 )
+CANCELLED = Exchanged(AgentAnswer(None, None, "cancelled before it was sent"))
+"""An attempt whose task was cancelled while it waited for a place: nothing was sent."""
 RECORD_RETRY_S = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0)
 """An answer the store refused to record is tried again after each of these (the lease
 is renewed meanwhile); past them, its lease lapses and the relay's net takes over."""
@@ -135,6 +141,9 @@ class Exchanger:
             log.exception("exchange of %s#%d failed", d.task_id, d.attempt_seq)
             exchanged = Exchanged(AgentAnswer(None, None, f"{type(exc).__name__}: {exc}"))
         elapsed = time.perf_counter() - started
+        if exchanged is CANCELLED:  # ended before it was sent: nothing to record
+            self._ended(d)
+            return
         try:
             await loop.run_in_executor(self._recorder, self._conclude, d, exchanged, elapsed)
         except RuntimeError:  # the recorder shut down: the process is leaving
@@ -150,6 +159,7 @@ class Exchanger:
         places = self._places_at.get(key)
         if places is None:
             places = self._places_at[key] = asyncio.Semaphore(d.max_concurrency)
+        queued = places.locked()
         try:
             async with asyncio.timeout(d.timeout):
                 await places.acquire()
@@ -157,12 +167,31 @@ class Exchanger:
             message = f"instance at max_concurrency ({d.max_concurrency}) for {d.timeout:.1f}s"
             return Exchanged(AgentAnswer(429, {"code": 429, "message": message}))
         try:
-            waited = time.perf_counter() - started
-            if waited > 0.001:
-                d = replace(d, timeout=max(0.05, d.timeout - waited))
+            if queued:  # routed before it waited: the instance or the task may have moved
+                loop = asyncio.get_running_loop()
+                held = await loop.run_in_executor(self._recorder, self._held_back, d)
+                if held is not None:
+                    return held
+                d = replace(d, timeout=max(0.05, d.timeout - (time.perf_counter() - started)))
             return await self.transport.exchange(d, progress)
         finally:
             places.release()
+
+    def _held_back(self, d: Dispatch) -> Exchanged | None:
+        """What an attempt that waited for a place at its instance comes to instead of
+        being sent, if anything: its session closed meanwhile (the task is cancelled
+        here, and nothing is left to record), or the instance's breaker opened (the
+        attempt waits as for backpressure; a trial goes all the same)."""
+        now = self.pipeline.now()
+        with self.pipeline.sessions.begin() as session:
+            if d.session_id is not None and user_sessions.cancel_if_closed(
+                session, d.task_id, d.session_id, now
+            ):
+                return CANCELLED
+            if not d.ticket.trial and breaker_store.open_until(session, d.instance_id, now):
+                message = "the instance's breaker opened while the attempt waited for it"
+                return Exchanged(AgentAnswer(429, {"code": 429, "message": message}))
+        return None
 
     # -- one POST outside an attempt (a callback) ---------------------------------------
 
