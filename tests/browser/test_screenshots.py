@@ -23,7 +23,7 @@ def test_every_page_has_a_screenshot_and_the_readme_shows_it() -> None:
 
 
 def test_every_page_in_the_dashboards_menu_has_a_screenshot() -> None:
-    base = (REPO / "reach" / "hub" / "ui" / "templates" / "base.html").read_text()
+    base = (REPO / "reach" / "hub" / "api" / "ui" / "templates" / "base.html").read_text()
     menu = set(re.findall(r'"(/ui[^"]*)"', base.split("<nav>", 1)[1].split("</nav>", 1)[0]))
     assert menu, "no menu found in base.html"
     shown = set(urls({"instance": "i", "task": "t", "run": "r"}).values())
