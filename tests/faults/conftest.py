@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from tests.support.ports import free_port
 from tests.support.private_postgres import PrivatePostgres, started_cluster
+from tests.support.private_redis import PrivateRedis
 
 
 @pytest.fixture(scope="session")
@@ -30,3 +33,15 @@ def private_pg_url(private_pg: PrivatePostgres) -> str:
     url = private_pg.create_database()
     upgrade_database(url)
     return url
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    """A redis-server of the test's own (nothing on disk) that it may stop and restart:
+    every queued message dies with it, as in a restart of a Redis without persistence."""
+    redis = PrivateRedis(tmp_path, free_port())
+    redis.start()
+    try:
+        yield redis
+    finally:
+        redis.stop()

@@ -6,7 +6,6 @@ restart, a real agent process recording each handler execution.
 
 from __future__ import annotations
 
-import subprocess
 import threading
 import time
 from collections import Counter
@@ -23,11 +22,11 @@ from reach.hub.storage.models import TaskRow
 from tests.conftest import (
     AgentProcess,
     Stack,
-    free_port,
     start_stack,
     stop_stack,
     wait_until,
 )
+from tests.support.private_redis import PrivateRedis
 
 pytestmark = [
     pytest.mark.postgres,
@@ -47,66 +46,6 @@ FAULT_SETTINGS = {
 
 # a slow run the kill lands in: well inside the read timeout above, so only the kill ends it
 SLOW_RUN = 1.5
-
-
-class PrivateRedis:
-    """A redis-server of this test's own (a free port, nothing on disk) that it may restart
-    without disturbing anything else on the machine."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.port = free_port()
-        self.workdir = workdir
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        subprocess.run(
-            [
-                "redis-server",
-                "--daemonize",
-                "yes",
-                "--bind",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.workdir),
-                "--logfile",
-                str(self.workdir / "redis.log"),
-            ],
-            check=True,
-            timeout=10,
-        )
-        wait_until(self.ping, timeout=10, what="private redis up")
-
-    def ping(self) -> bool:
-        r = subprocess.run(
-            ["redis-cli", "-p", str(self.port), "ping"], capture_output=True, text=True, timeout=5
-        )
-        return "PONG" in r.stdout
-
-    def stop(self) -> None:
-        subprocess.run(
-            ["redis-cli", "-p", str(self.port), "shutdown", "nosave"],
-            capture_output=True,
-            timeout=10,
-        )
-
-
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
-    redis = PrivateRedis(tmp_path)
-    redis.start()
-    try:
-        yield redis
-    finally:
-        redis.stop()
 
 
 @pytest.fixture

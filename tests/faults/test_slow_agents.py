@@ -12,7 +12,6 @@ that count every delivery over HTTP (below any dedup guard) and every handler ru
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import threading
@@ -27,9 +26,11 @@ import pytest
 
 import reach
 from tests.conftest import REPO, Stack, free_port, start_stack, stop_stack, wait_until
-from tests.faults.test_delivery_faults import PrivateRedis, recovery_events, statuses
+from tests.faults.test_delivery_faults import recovery_events, statuses
 from tests.support import processes
 from tests.support.counting_agent import CountingAgentProcess, read_journal
+from tests.support.listeners import SlowHttpListener
+from tests.support.private_redis import PrivateRedis
 from tests.support.slow_agent import read_counts
 
 pytestmark = [
@@ -51,16 +52,6 @@ SETTINGS = {
 }
 THINK_S = 4.0  # each handler's time: longer than the drain, shorter than the task timeout
 TIMEOUT_MS = 60_000
-
-
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
-    redis = PrivateRedis(tmp_path)
-    redis.start()
-    try:
-        yield redis
-    finally:
-        redis.stop()
 
 
 @pytest.fixture
@@ -214,36 +205,6 @@ def test_workers_restarted_while_200_slow_handlers_run_lose_none(
         check_counted(agent, ids)
 
 
-class BlackHole:
-    """A TCP server that accepts every connection, reads, and never answers."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0), backlog=512)
-        self.port = self.sock.getsockname()[1]
-        self.accepted = 0
-        self._held: list[socket.socket] = []
-        self._stop = threading.Event()
-        threading.Thread(target=self._run, daemon=True).start()
-
-    def _run(self) -> None:
-        self.sock.settimeout(0.2)
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:  # closed: the test is over
-                return
-            self.accepted += 1
-            self._held.append(conn)  # open, unanswered, until the test ends
-
-    def close(self) -> None:
-        self._stop.set()
-        for conn in self._held:
-            conn.close()
-        self.sock.close()
-
-
 def test_an_agent_that_never_answers_is_retried_then_dead_lettered_on_schedule(
     pg_stack: Stack, store_url: str, tmp_path: Path
 ) -> None:
@@ -251,7 +212,7 @@ def test_an_agent_that_never_answers_is_retried_then_dead_lettered_on_schedule(
     the task's timeout, is retried on the backoff schedule and then dead-lettered, while
     other work through the same worker (one slot) finishes at its own pace."""
     stack = pg_stack
-    hole = BlackHole()
+    hole = SlowHttpListener(delay=3600)  # accepts, reads, answers in an hour
     mute = reach.Agent(
         "mute", addr=f"127.0.0.1:{hole.port}", allow_loopback=True,
         capabilities=[{"type": "think"}], heartbeat_interval=0.5, hub=stack.url,
@@ -264,7 +225,7 @@ def test_an_agent_that_never_answers_is_retried_then_dead_lettered_on_schedule(
                 reach.send(agent_id="mute", method="think", timeout_ms=3000, hub=stack.url).task_id
                 for _ in range(20)
             ]
-            wait_until(lambda: hole.accepted >= 20, timeout=30, what="the mute agent reached")
+            wait_until(lambda: hole.gauge.total >= 20, timeout=30, what="the mute agent reached")
             started = time.monotonic()
             quick = [f"q-{n}" for n in range(40)]
             submit(stack, quick)
