@@ -268,7 +268,17 @@ def test_broadcast_gathers_every_target(shared_stack: Stack, agent: reach.Agent)
             method="echo", tags=[TAG], payload={"word": "all"}, timeout=20, hub=shared_stack.url
         )
 
-    result = run(main)
+    # A broadcast goes to the instances routable at that moment: after the tests before
+    # (a hundred sends at once fill the agent), its heartbeats must say it takes work again.
+    wait_until(
+        lambda: [i["status"] for i in shared_stack.instances(AGENT)] == ["online"],
+        timeout=30,
+        what=f"{AGENT} online and taking work",
+    )
+    try:
+        result = run(main)
+    except reach.NoSuitableAgent as exc:
+        raise AssertionError(f"{exc}; the hub's view: {shared_stack.instances(AGENT)}") from exc
     assert isinstance(result, reach.BroadcastResult)
     assert (result.complete, result.succeeded) == (True, 1)
     assert result.data == [{"echo": "all", "session_alive": True}]
