@@ -53,6 +53,24 @@ console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
 
 
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        help="config.yaml to read (seed 000's keys work: probe.interval: 5s, storage.type: "
+        "sqlite, storage.path ...); the same as REACH_CONFIG, also for the processes this "
+        "command starts",
+    ),
+]
+
+
+def _use_config(config: Path | None) -> None:
+    """``--config PATH``: as ``REACH_CONFIG``, so the worker's app, beat's schedule and the
+    processes ``reach up`` starts read the same file."""
+    if config is not None:
+        os.environ["REACH_CONFIG"] = str(config.expanduser().resolve())
+
+
 def _settings() -> Settings:
     from reach.hub.settings import load_settings  # pydantic-settings: only where needed
 
@@ -106,11 +124,13 @@ def up(
             "--verbose", "-v", help="Stream every process's log here instead of <home>/logs/"
         ),
     ] = False,
+    config: ConfigOption = None,
 ) -> None:
     """Run API, worker, beat (and demo agents) in one command: a short banner here, their
     logs in <home>/logs/ (.reach/logs/ unless REACH_HOME says otherwise)."""
     from reach.cli.supervisor import run_up
 
+    _use_config(config)
     settings = _settings()
     raise typer.Exit(
         run_up(
@@ -136,8 +156,10 @@ def api(
             "connections (Linux; not with server.admin_port)",
         ),
     ] = False,
+    config: ConfigOption = None,
 ) -> None:
     """Run the HTTP API."""
+    _use_config(config)
     settings = _settings()  # first: it points prometheus_client at the shared directory
     import uvicorn
 
@@ -224,8 +246,10 @@ def worker(
             help="Celery node name (e.g. w1@%h); each worker on one machine needs its own",
         ),
     ] = None,
+    config: ConfigOption = None,
 ) -> None:
     """Run a Celery worker (delivery, probing, sweeps)."""
+    _use_config(config)
     _settings()
     from reach.worker.app import app as celery_app
 
@@ -264,7 +288,10 @@ def bench(ctx: typer.Context) -> None:
 
 
 @app.command()
-def beat(loglevel: Annotated[str, typer.Option(help="Log level")] = "INFO") -> None:
+def beat(
+    loglevel: Annotated[str, typer.Option(help="Log level")] = "INFO",
+    config: ConfigOption = None,
+) -> None:
     """Run Celery beat with the schedule in beat_schedule.py.
 
     Start as many as you like: one holds the beat lock in the hub's database and sends,
@@ -272,6 +299,7 @@ def beat(loglevel: Annotated[str, typer.Option(help="Log level")] = "INFO") -> N
     """
     from reach.hub.storage.engine import database_revision_problem
 
+    _use_config(config)
     settings = _settings()
     problem = database_revision_problem(settings.storage.resolved_database_url)
     if problem:  # the lock lives in the database

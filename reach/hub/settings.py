@@ -19,12 +19,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -40,6 +41,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from reach.core.durations import DurationError, in_unit
 from reach.errors import ConfigError
 
 ENV_PREFIX = "REACH_"
@@ -52,6 +54,27 @@ _SHORTCUTS = {
 }
 # Read by other parts of the system, not settings keys.
 _NOT_SETTINGS = {"REACH_CONFIG", "REACH_HUB_URL"}
+
+
+def _duration(unit_s: float) -> BeforeValidator:
+    """A setting in ``unit_s`` seconds that also takes a human duration ("5s", "250ms")."""
+
+    def convert(value: object) -> object:
+        try:
+            return in_unit(value, unit_s)
+        except DurationError as exc:
+            raise ValueError(str(exc)) from None
+
+    return BeforeValidator(convert)
+
+
+# Duration settings: a number in the field's unit, or a string with a unit (seed 000's
+# config.yaml writes ``probe.interval: 5s``).
+Seconds = Annotated[float, _duration(1.0)]
+WholeSeconds = Annotated[int, _duration(1.0)]
+Millis = Annotated[float, _duration(0.001)]
+Hours = Annotated[float, _duration(3600.0)]
+Days = Annotated[float, _duration(86400.0)]
 
 
 class _Section(BaseModel):
@@ -75,7 +98,7 @@ class ServerSettings(_Section):
     memory_limit_bytes: int | None = Field(
         None, ge=1 << 20, description="the API process's memory limit; unset: the cgroup's"
     )
-    stream_ping_s: float = Field(
+    stream_ping_s: Seconds = Field(
         15.0, gt=0, le=300, description="keep-alive comment on an idle progress stream"
     )
 
@@ -98,6 +121,10 @@ class ServerSettings(_Section):
 class StorageSettings(_Section):
     home: str = ".reach"
     database_url: str | None = None
+    # seed 000's form: ``type: sqlite`` with ``path`` (the database file), or
+    # ``type: postgres`` with database_url; database_url alone says both
+    type: str | None = Field(None, description="sqlite or postgres; unset: from database_url")
+    path: str | None = Field(None, description="the SQLite database file (type: sqlite)")
     broker_url: str | None = None
     result_backend: str | None = None
     # each process's PostgreSQL connections kept open: the API answers up to 40 requests
@@ -107,13 +134,53 @@ class StorageSettings(_Section):
     pool_size: int = Field(20, ge=1, le=500)
     max_overflow: int = Field(10, ge=0, le=500)
 
+    @field_validator("type")
+    @classmethod
+    def _known_store(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        kind = value.strip().lower()
+        if kind in ("postgresql", "postgres", "pg"):
+            return "postgres"
+        if kind != "sqlite":
+            raise ValueError(
+                f"{value!r} is not a store of this hub: sqlite (one machine, the default) or "
+                "postgres (several hubs share it; set storage.database_url)"
+            )
+        return kind
+
+    @model_validator(mode="after")
+    def _type_agrees(self) -> StorageSettings:
+        url = self.database_url
+        if self.type == "postgres":
+            if self.path is not None:
+                raise ValueError(
+                    "storage.path names a SQLite file; with type postgres set "
+                    "storage.database_url (postgresql+psycopg://user@host/db)"
+                )
+            if url is None or not url.startswith("postgresql"):
+                raise ValueError(
+                    "storage.type postgres needs storage.database_url = postgresql+psycopg://..."
+                )
+        if (self.type == "sqlite" or self.path is not None) and url is not None:
+            raise ValueError(
+                "set either storage.database_url or storage.type sqlite with storage.path, not both"
+            )
+        if self.path is not None and not self.path.strip():
+            raise ValueError("storage.path is empty")
+        return self
+
     @property
     def home_path(self) -> Path:
         return Path(self.home).expanduser().resolve()
 
     @property
     def resolved_database_url(self) -> str:
-        return self.database_url or f"sqlite:///{self.home_path / 'reach.db'}"
+        if self.database_url:
+            return self.database_url
+        if self.path is not None:
+            return f"sqlite:///{Path(self.path).expanduser().resolve()}"
+        return f"sqlite:///{self.home_path / 'reach.db'}"
 
     @property
     def resolved_broker_url(self) -> str:
@@ -134,52 +201,59 @@ class StorageSettings(_Section):
 
 
 class HeartbeatSettings(_Section):
-    default_interval: float = Field(10.0, gt=0, le=3600)
+    default_interval: Seconds = Field(10.0, gt=0, le=3600)
     missed_intervals: int = Field(3, ge=1, le=100)
-    sweep_interval: float = Field(5.0, gt=0, le=3600)
-    lost_grace: float = Field(
+    sweep_interval: Seconds = Field(5.0, gt=0, le=3600)
+    lost_grace: Seconds = Field(
         60.0, ge=0, description="heartbeat lost, probes fine: alert this long"
     )
     degraded_rise_streak: int = Field(3, ge=1, description="in_flight rises before DEGRADED")
 
 
 class ProbeSettings(_Section):
-    interval: float = Field(5.0, gt=0)
-    fast_interval: float = Field(1.0, gt=0)
-    retry_interval: float = Field(30.0, gt=0)
+    interval: Seconds = Field(5.0, gt=0)
+    fast_interval: Seconds = Field(1.0, gt=0)
+    retry_interval: Seconds = Field(30.0, gt=0)
     fail_threshold: int = Field(3, ge=1)
     window: int = Field(10, ge=1, le=1000)
     max_concurrent: int = Field(8, ge=1, le=1024)
-    timeout: float = Field(2.0, gt=0)
+    timeout: Seconds = Field(2.0, gt=0)
     fast_below_score: float = Field(60.0, ge=0, le=100)
-    fresh: float = Field(15.0, gt=0, description="a probe older than this is no evidence")
+    fresh: Seconds = Field(15.0, gt=0, description="a probe older than this is no evidence")
 
 
 class RouterSettings(_Section):
     max_retry: int = Field(5, ge=0, le=100)
-    backoff_base: float = Field(1.0, gt=0)
-    backoff_cap: float = Field(30.0, gt=0)
-    connect_timeout: float = Field(2.0, gt=0)
-    read_timeout: float | None = Field(
+    dead_letter: bool = Field(
+        True, description="always on: a task out of retries is kept as a dead letter"
+    )
+    backoff_base: Seconds = Field(1.0, gt=0)
+    backoff_cap: Seconds = Field(30.0, gt=0)
+    connect_timeout: Seconds = Field(2.0, gt=0)
+    read_timeout: Seconds | None = Field(
         None,
         gt=0,
         description="cap on one exchange with an agent, in seconds; unset: the task's own "
         "timeout_ms (an exchange holds no worker slot, so an agent may think that long)",
     )
     failure_threshold: int = Field(3, ge=1, description="consecutive failures out of the pool")
-    watchdog_grace: float = Field(30.0, ge=0, description="202 tasks: silence allowed past timeout")
-    republish_grace: float = Field(
+    watchdog_grace: Seconds = Field(
+        30.0, ge=0, description="202 tasks: silence allowed past timeout"
+    )
+    republish_grace: Seconds = Field(
         10.0, gt=0, description="overdue this long: message presumed lost"
     )
     # per-instance circuit breaker (reach.core.breaker); min_volume 0 disables opening
-    breaker_window: int = Field(10, ge=1, le=3600, description="seconds of outcomes counted")
+    breaker_window: WholeSeconds = Field(
+        10, ge=1, le=3600, description="seconds of outcomes counted"
+    )
     breaker_failure_ratio: float = Field(
         0.5, ge=0, lt=1, description="failure share (strictly above) that opens the breaker"
     )
     breaker_min_volume: int = Field(
         20, ge=0, description="outcomes needed in the window before it may open; 0 disables"
     )
-    breaker_trial_interval: float = Field(
+    breaker_trial_interval: Seconds = Field(
         30.0, gt=0, le=86400, description="open breaker: one trial request this often"
     )
     breaker_streak: int = Field(
@@ -188,7 +262,7 @@ class RouterSettings(_Section):
         description="distinct tasks failing in a row (within the window) that open the "
         "breaker at once, before the ratio would; 0: off",
     )
-    candidate_ttl: float = Field(
+    candidate_ttl: Seconds = Field(
         0.5, ge=0, le=10, description="a worker reuses routing candidates this long; 0: never"
     )
     # flow control (issue 14, README "Flow control")
@@ -205,22 +279,22 @@ class RouterSettings(_Section):
     retry_budget_min_per_s: float = Field(
         3.0, ge=0, description="retries per second a target always allows, whatever the ratio"
     )
-    retry_budget_window: int = Field(
+    retry_budget_window: WholeSeconds = Field(
         20, ge=1, le=300, description="seconds of requests the retry budget counts (10-30)"
     )
     background_share: float = Field(
         0.5, gt=0, le=1, description="worker slots background tasks may hold while online waits"
     )
-    background_defer_s: float = Field(
+    background_defer_s: Seconds = Field(
         0.5, gt=0, le=60, description="seconds a background attempt yields to waiting online work"
     )
-    background_max_wait_s: float = Field(
+    background_max_wait_s: Seconds = Field(
         60.0, gt=0, le=3600, description="a background attempt deferred this long runs anyway"
     )
     loop_alert_threshold: int = Field(
         20, ge=1, description="reaches each way between two agents in the window: loop suspected"
     )
-    loop_alert_window: float = Field(
+    loop_alert_window: Seconds = Field(
         300.0, gt=0, le=86400, description="seconds of reaches the dependency-loop alert counts"
     )
     # semantic capability matching (reach.core.matching, reach.hub.matching)
@@ -237,6 +311,17 @@ class RouterSettings(_Section):
         True, description="int8 weights for the model's linear layers: half the CPU per intent"
     )
 
+    @field_validator("dead_letter")
+    @classmethod
+    def _dead_letters_stay(cls, value: bool) -> bool:
+        if not value:
+            raise ValueError(
+                "dead letters cannot be turned off: a task that spent router.max_retry "
+                "retries is kept as a dead letter, never dropped (bound them with "
+                "router.max_retry and retention)"
+            )
+        return value
+
     @field_validator("backoff_cap")
     @classmethod
     def _cap_not_below_base(cls, value: float, info: ValidationInfo) -> float:
@@ -252,10 +337,10 @@ class ScoreSettings(_Section):
     heartbeat_weight: float = 50.0
     rtt_weight: float = 30.0
     loss_weight: float = 20.0
-    heartbeat_good_s: float = 10.0
-    heartbeat_bad_s: float = 30.0
-    rtt_good_ms: float = 20.0
-    rtt_bad_ms: float = 500.0
+    heartbeat_good_s: Seconds = 10.0
+    heartbeat_bad_s: Seconds = 30.0
+    rtt_good_ms: Millis = 20.0
+    rtt_bad_ms: Millis = 500.0
     loss_good: float = 0.0
     loss_bad: float = 0.30
 
@@ -276,9 +361,9 @@ class BeatSettings(_Section):
     A standby takes over at most ``lock_lease_s + lock_poll_s`` after the active beat died.
     """
 
-    lock_lease_s: float = Field(15.0, gt=0, le=3600, description="the active beat's lease")
-    lock_renew_s: float = Field(5.0, gt=0, description="the active beat renews this often")
-    lock_poll_s: float = Field(2.0, gt=0, le=3600, description="a standby asks this often")
+    lock_lease_s: Seconds = Field(15.0, gt=0, le=3600, description="the active beat's lease")
+    lock_renew_s: Seconds = Field(5.0, gt=0, description="the active beat renews this often")
+    lock_poll_s: Seconds = Field(2.0, gt=0, le=3600, description="a standby asks this often")
 
     @field_validator("lock_renew_s")
     @classmethod
@@ -292,8 +377,8 @@ class BeatSettings(_Section):
 class DagSettings(_Section):
     """The beat sweep of DAG runs whose canvas died (``reach.core.dags.sweep``)."""
 
-    sweep_interval: float = Field(5.0, gt=0, le=3600, description="seconds between sweeps")
-    sweep_margin: float = Field(
+    sweep_interval: Seconds = Field(5.0, gt=0, le=3600, description="seconds between sweeps")
+    sweep_margin: Seconds = Field(
         30.0,
         ge=0,
         le=86400,
@@ -305,9 +390,9 @@ class RetentionSettings(_Section):
     """The beat clean-up (``reach.hub.retention``): finished records older than ``days`` go,
     in batches of ``batch_size`` rows, at most ``batches`` per kind of record each sweep."""
 
-    days: float = Field(30.0, gt=0, description="finished records older than this are deleted")
-    sweep_interval_s: float = Field(300.0, gt=0, le=86400, description="seconds between sweeps")
-    offline_instance_hours: float = Field(
+    days: Days = Field(30.0, gt=0, description="finished records older than this are deleted")
+    sweep_interval_s: Seconds = Field(300.0, gt=0, le=86400, description="seconds between sweeps")
+    offline_instance_hours: Hours = Field(
         24.0, gt=0, description="an instance offline this long is removed (no longer probed)"
     )
     batch_size: int = Field(500, ge=1, le=10_000, description="rows per delete statement")
@@ -332,11 +417,11 @@ class SecuritySettings(_Section):
 
     require_auth: bool | None = Field(None, description="API keys required; unset: by bind")
     issuer: str = Field("agent-reach", min_length=1, max_length=256, description="tokens' iss")
-    token_ttl_s: float = Field(
+    token_ttl_s: Seconds = Field(
         300.0, ge=5, le=900, description="a reach token's lifetime (at most 15 min)"
     )
     sign_deliveries: bool = Field(True, description="a hub-signed token on every delivery")
-    signing_rotation_grace_s: float = Field(
+    signing_rotation_grace_s: Seconds = Field(
         300.0, ge=0, le=86400, description="a rotated signing key is published this long first"
     )
     l3_max_payload_bytes: int = Field(
@@ -352,7 +437,7 @@ class ApprovalSettings(_Section):
     ``capabilities`` adds fnmatch patterns of methods or capabilities (``payments.*``).
     """
 
-    timeout_s: float = Field(
+    timeout_s: Seconds = Field(
         3600.0, gt=0, le=30 * 86400, description="a request nobody decides expires after this"
     )
     capabilities: list[str] = Field(
@@ -380,7 +465,7 @@ class ApprovalSettings(_Section):
             raise ValueError(f"must be an http(s) URL with a host, got {value!r}")
         return value
 
-    sweep_interval_s: float = Field(
+    sweep_interval_s: Seconds = Field(
         5.0, gt=0, le=3600, description="seconds between the beat's expiry sweeps"
     )
 
@@ -389,10 +474,10 @@ class SessionSettings(_Section):
     """Session liveness (``POST /v1/sessions/{id}/open|close``): reaches bound to a closed
     session are cancelled and new ones refused."""
 
-    default_ttl_s: float | None = Field(
+    default_ttl_s: Seconds | None = Field(
         None, gt=0, le=30 * 86400, description="an opened session without a TTL lives this long"
     )
-    max_ttl_s: float = Field(
+    max_ttl_s: Seconds = Field(
         7 * 86400.0, gt=0, le=365 * 86400, description="the longest TTL a session may ask for"
     )
 
@@ -407,10 +492,10 @@ class CallbackSettings(_Section):
     max_retries: int = Field(
         8, ge=0, le=100, description="failed POSTs retried this often before the dead letter"
     )
-    backoff_base_s: float = Field(1.0, gt=0, le=3600, description="first retry's delay")
-    backoff_cap_s: float = Field(300.0, gt=0, le=86400, description="longest retry delay")
-    timeout_s: float = Field(5.0, gt=0, le=120, description="a receiver's time to answer")
-    sweep_interval_s: float = Field(
+    backoff_base_s: Seconds = Field(1.0, gt=0, le=3600, description="first retry's delay")
+    backoff_cap_s: Seconds = Field(300.0, gt=0, le=86400, description="longest retry delay")
+    timeout_s: Seconds = Field(5.0, gt=0, le=120, description="a receiver's time to answer")
+    sweep_interval_s: Seconds = Field(
         5.0, gt=0, le=3600, description="seconds between the beat's net for unsent callbacks"
     )
 
@@ -427,14 +512,14 @@ class ExchangeSettings(_Section):
         description="agent exchanges one worker process keeps in flight; past it, its slots "
         "wait for a place",
     )
-    lease_s: float = Field(
+    lease_s: Seconds = Field(
         15.0,
         ge=1,
         le=3600,
         description="an attempt's lease while its exchange lasts, renewed every third of it: "
         "the exchanges of a worker that died are delivered again this long after",
     )
-    drain_s: float = Field(
+    drain_s: Seconds = Field(
         5.0,
         ge=0,
         le=3600,
@@ -450,11 +535,11 @@ class A2aSettings(_Section):
     """Agent2Agent interop (``reach.hub.a2a``): A2A agents registered by their card and
     reached like any agent, and every hub agent served as an A2A agent under ``/a2a``."""
 
-    card_refresh_s: float = Field(
+    card_refresh_s: Seconds = Field(
         10.0, gt=0, le=3600, description="a registered card is read again this often"
     )
-    card_timeout_s: float = Field(5.0, gt=0, le=120, description="a card fetch's time limit")
-    poll_interval_s: float = Field(
+    card_timeout_s: Seconds = Field(5.0, gt=0, le=120, description="a card fetch's time limit")
+    poll_interval_s: Seconds = Field(
         1.0, gt=0, le=3600, description="GetTask cadence for an A2A task still working"
     )
     poll_failures: int = Field(
@@ -463,7 +548,7 @@ class A2aSettings(_Section):
     v03_compat: bool = Field(
         False, description="the hub's A2A endpoints also take v0.3 method names"
     )
-    send_wait_s: float = Field(
+    send_wait_s: Seconds = Field(
         30.0, ge=0, le=600, description="a blocking SendMessage to the hub waits this long"
     )
 
