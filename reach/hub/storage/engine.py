@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Connection, Engine, Select, create_engine, event, inspect, text
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 if TYPE_CHECKING:
@@ -39,7 +39,37 @@ def create_engine_for(url: str, **kwargs: Any) -> Engine:
     # fails instead (a 503, or a delivery the overdue net re-publishes) and SQLAlchemy
     # invalidates the whole pool on that disconnect; recycling bounds connection age.
     kwargs.setdefault("pool_recycle", 1800)
-    return create_engine(url, **kwargs)
+    parsed, threshold = _prepare_threshold(parsed)
+    if threshold is not _UNSET:
+        kwargs["connect_args"] = {**kwargs.get("connect_args", {}), "prepare_threshold": threshold}
+    return create_engine(parsed, **kwargs)
+
+
+_UNSET = object()
+
+
+def _prepare_threshold(url: URL) -> tuple[URL, object]:
+    """``?prepare_threshold=none`` (or a number) in a PostgreSQL URL: psycopg's own option,
+    which libpq's URL would refuse, taken out of the URL and passed to psycopg.
+
+    PgBouncer in transaction mode (before 1.21) hands each transaction any server
+    connection, where a statement psycopg prepared on another does not exist: ``none``
+    never prepares. Every process reads the same ``REACH_DATABASE_URL``, so one URL says it
+    for all of them."""
+    raw = url.query.get("prepare_threshold")
+    if raw is None:
+        return url, _UNSET
+    if isinstance(raw, tuple):
+        raise ValueError("prepare_threshold is given more than once in the database URL")
+    value = raw.strip().lower()
+    stripped = url.difference_update_query(["prepare_threshold"])
+    if value in ("none", "off", ""):
+        return stripped, None
+    if value.isdigit():
+        return stripped, int(value)
+    raise ValueError(
+        f"prepare_threshold in the database URL is 'none' or a whole number, not {raw!r}"
+    )
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
