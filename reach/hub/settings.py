@@ -397,6 +397,10 @@ class RetentionSettings(_Section):
     )
     batch_size: int = Field(500, ge=1, le=10_000, description="rows per delete statement")
     batches: int = Field(4, ge=1, le=1000, description="delete statements per kind per sweep")
+    dead_letter_days: Days = Field(
+        14.0, gt=0, description="an unresolved dead letter (and its task) is kept this long"
+    )
+    audit_days: Days = Field(90.0, gt=0, description="audit_log rows are kept this long")
 
 
 class TlsSettings(_Section):

@@ -21,13 +21,21 @@ from reach.hub.monitoring import Policy
 from reach.hub.settings import Settings, load_settings
 from reach.hub.storage import session_factory
 from reach.hub.storage.models import (
+    AgentCapabilityRow,
+    AgentLinkRow,
+    AgentRow,
+    AgentTagRow,
+    ApprovalRow,
+    AuditRow,
     BroadcastRow,
+    CallbackRow,
     DagNodeRunRow,
     DagRunRow,
     DeadLetterRow,
     InstanceEventRow,
     InstanceRow,
     OutboxRow,
+    SessionRow,
     TaskEventRow,
     TaskRow,
 )
@@ -39,6 +47,8 @@ NOW = 1_700_000_000.0
 DAY = 86_400.0
 OLD = NOW - 31 * DAY  # past the default 30 days
 NEW = NOW - 29 * DAY
+DL_OLD = NOW - 15 * DAY  # an unresolved dead letter past the default 14 days
+DL_NEW = NOW - 13 * DAY
 
 
 @pytest.fixture
@@ -117,16 +127,17 @@ def seed(sessions: sessionmaker[Session]) -> None:
             add_task(s, f"old-{status.value}", status, OLD, finished=True)
         add_task(s, "old-dead-replayed", TaskStatus.FAILED, OLD, finished=True)
         add_dead_letter(s, "old-dead-replayed", OLD - DAY, replayed_at=OLD - 1)
-        # kept: an unresolved dead letter (replayable), live tasks, recent tasks
+        # kept: an unresolved dead letter (replayable, within dead_letter_days), live
+        # tasks, recent tasks
         add_task(s, "old-dead-unresolved", TaskStatus.DEAD, OLD, finished=True)
-        add_dead_letter(s, "old-dead-unresolved", OLD, replayed_at=None)
+        add_dead_letter(s, "old-dead-unresolved", DL_NEW, replayed_at=None)
         for status in (TaskStatus.PENDING, TaskStatus.EXECUTING, TaskStatus.AWAITING_APPROVAL):
             add_task(s, f"old-live-{status.value}", status, OLD, finished=False)
         add_task(s, "new-success", TaskStatus.SUCCESS, NEW, finished=True)
         # dead letters alone: replayed long ago (task gone: goes; task live again: kept)
         add_dead_letter(s, "gone-task", OLD, replayed_at=OLD)
         add_dead_letter(s, "old-live-pending", OLD, replayed_at=OLD)
-        add_dead_letter(s, "gone-unresolved", OLD, replayed_at=None)
+        add_dead_letter(s, "gone-unresolved", DL_NEW, replayed_at=None)
         # DAG runs: finished long ago go (with their nodes), running ones stay
         add_run(s, "run-old-success", "success", OLD, finished=True)
         add_run(s, "run-old-failed", "failed", OLD, finished=True)
@@ -269,3 +280,90 @@ def test_the_beat_schedule_runs_retention_at_its_interval() -> None:
 
     entry = beat_schedule(Settings())["reach.retention-sweep"]
     assert (entry["task"], entry["schedule"]) == ("reach.retention_sweep", 300.0)
+
+
+def add_callback(s: Session, task_id: str, at: float) -> None:
+    s.add(CallbackRow(task_id=task_id, url="https://example.invalid/cb", status="delivered",
+                      created_at=at, delivered_at=at))  # fmt: skip
+
+
+def add_approval(s: Session, task_id: str, at: float) -> None:
+    s.add(
+        ApprovalRow(
+            approval_id=f"ap-{task_id}", task_id=task_id, capability="pay", method="pay",
+            payload_hash="0" * 64, requested_at=at, expires_at=at + 3600, status="approved",
+        )
+    )  # fmt: skip
+
+
+def add_agent(s: Session, agent_id: str, at: float, *, override: int | None = None) -> None:
+    s.add(AgentRow(agent_id=agent_id, tags=["t"], capabilities=[{"type": "c"}], meta={},
+                   created_at=at, updated_at=at, max_queue_override=override))  # fmt: skip
+    s.flush()
+    s.add(AgentTagRow(agent_id=agent_id, tag="t"))
+    s.add(AgentCapabilityRow(agent_id=agent_id, capability="c"))
+
+
+def test_every_table_is_bounded(sessions: sessionmaker[Session]) -> None:
+    """Each table grows with rows past their retention and rows within it; one sweep
+    leaves exactly the latter (issue 39: audit_log, callbacks, approvals, sessions,
+    agents without instances, orphans of deleted tasks, unresolved dead letters)."""
+    with sessions.begin() as s:
+        # an old finished task takes its callbacks and approvals along
+        add_task(s, "old-paid", TaskStatus.SUCCESS, OLD, finished=True)
+        add_callback(s, "old-paid", OLD)
+        add_approval(s, "old-paid", OLD)
+        add_task(s, "new-paid", TaskStatus.SUCCESS, NEW, finished=True)
+        add_callback(s, "new-paid", NEW)
+        add_approval(s, "new-paid", NEW)
+        # orphans: the task went before this version deleted them with it
+        add_callback(s, "deleted-long-ago", OLD)
+        add_approval(s, "deleted-long-ago", OLD)
+        # unresolved dead letters: past dead_letter_days they go with their task
+        add_task(s, "dl-old", TaskStatus.DEAD, DL_OLD, finished=True)
+        add_dead_letter(s, "dl-old", DL_OLD, replayed_at=None)
+        add_task(s, "dl-new", TaskStatus.DEAD, DL_NEW, finished=True)
+        add_dead_letter(s, "dl-new", DL_NEW, replayed_at=None)
+        # sessions: closed or expired long ago go; open or recently closed stay
+        for sid, closed, expires in (
+            ("s-closed-old", OLD, None),
+            ("s-expired-old", None, OLD),
+            ("s-closed-new", NEW, None),
+            ("s-open", None, NOW + DAY),
+            ("s-open-no-ttl", None, None),
+        ):
+            status = "closed" if closed else "open"
+            s.add(SessionRow(session_id=sid, status=status, opened_at=OLD - DAY,
+                             closed_at=closed, expires_at=expires))  # fmt: skip
+        s.add(AgentLinkRow(src="a", dst="b", suspected_at=OLD, demoted_until=OLD))
+        s.add(AgentLinkRow(src="b", dst="a", suspected_at=OLD, demoted_until=NOW + 60))
+        s.add(AuditRow(at=NOW - 91 * DAY, actor="admin", action="keys.create", outcome="ok"))
+        s.add(AuditRow(at=NOW - 89 * DAY, actor="admin", action="keys.revoke", outcome="ok"))
+        # agents: one left without instances long ago goes; one an admin configured, one
+        # still registered and one that lost its instances just now stay
+        add_agent(s, "ag-alone-old", NOW - 2 * DAY)
+        add_agent(s, "ag-configured", NOW - 2 * DAY, override=5)
+        add_agent(s, "ag-alone-new", NOW - 3600)
+    register(sessions, "i-deregistered", NOW - 2 * DAY)  # agent "a"
+    set_status(sessions, "i-deregistered", InstanceStatus.DEREGISTERED.value, NOW - 2 * DAY)
+    register(sessions, "i-live", NOW - 2 * DAY)
+    set_status(sessions, "i-live", InstanceStatus.ONLINE.value, NOW - 2 * DAY)
+
+    deleted = retention.sweep(sessions.begin, NOW, RetentionPolicy(batch_size=2, batches=100))
+
+    assert column(sessions, TaskRow.task_id) == {"new-paid", "dl-new"}
+    assert column(sessions, CallbackRow.task_id) == {"new-paid"}
+    assert column(sessions, ApprovalRow.task_id) == {"new-paid"}
+    assert column(sessions, DeadLetterRow.task_id) == {"dl-new"}
+    assert column(sessions, SessionRow.session_id) == {"s-closed-new", "s-open", "s-open-no-ttl"}
+    assert column(sessions, AgentLinkRow.src) == {"b"}
+    assert column(sessions, AuditRow.action) == {"keys.revoke"}
+    assert column(sessions, InstanceRow.instance_id) == {"i-live"}
+    assert column(sessions, AgentRow.agent_id) == {"a", "ag-configured", "ag-alone-new"}
+    assert column(sessions, AgentTagRow.agent_id) == {"ag-configured", "ag-alone-new"}
+    assert "ag-alone-old" not in column(sessions, AgentCapabilityRow.agent_id)
+    assert deleted["callbacks"] == 2 and deleted["approvals"] == 2
+    assert deleted["sessions"] == 2 and deleted["agents"] == 1 and deleted["audit_log"] == 1
+    assert deleted["instances"] == 1 and deleted["agent_links"] == 1
+    policy = RetentionPolicy(batch_size=2, batches=100)
+    assert retention.sweep(sessions.begin, NOW, policy) == {}  # bounded: nothing left to do

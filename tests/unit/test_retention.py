@@ -12,12 +12,20 @@ NOW = 1_700_000_000.0
 @pytest.mark.parametrize(
     ("policy", "expected"),
     [
-        (RetentionPolicy(), Cutoffs(NOW - 30 * 86_400, NOW - 24 * 3_600)),
-        (RetentionPolicy(days=1, offline_instance_hours=1), Cutoffs(NOW - 86_400, NOW - 3_600)),
+        (
+            RetentionPolicy(),
+            Cutoffs(NOW - 30 * 86_400, NOW - 24 * 3_600, NOW - 14 * 86_400, NOW - 90 * 86_400),
+        ),
+        (
+            RetentionPolicy(days=1, offline_instance_hours=1, dead_letter_days=2, audit_days=3),
+            Cutoffs(NOW - 86_400, NOW - 3_600, NOW - 2 * 86_400, NOW - 3 * 86_400),
+        ),
         # seconds, for tests: REACH_RETENTION__DAYS=0.0001 is 8.64 s
         (
-            RetentionPolicy(days=0.0001, offline_instance_hours=0.001),
-            Cutoffs(NOW - 8.64, NOW - 3.6),
+            RetentionPolicy(
+                days=0.0001, offline_instance_hours=0.001, dead_letter_days=0.0001, audit_days=1
+            ),
+            Cutoffs(NOW - 8.64, NOW - 3.6, NOW - 8.64, NOW - 86_400),
         ),
     ],
     ids=["defaults", "one-day-one-hour", "fractions"],
@@ -26,11 +34,21 @@ def test_cutoffs(policy: RetentionPolicy, expected: Cutoffs) -> None:
     got = cutoffs(NOW, policy)
     assert got.records == pytest.approx(expected.records)
     assert got.offline == pytest.approx(expected.offline)
+    assert got.dead_letters == pytest.approx(expected.dead_letters)
+    assert got.audit == pytest.approx(expected.audit)
 
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"days": 0}, {"days": -1}, {"offline_instance_hours": 0}, {"batch_size": 0}, {"batches": 0}],
+    [
+        {"days": 0},
+        {"days": -1},
+        {"offline_instance_hours": 0},
+        {"dead_letter_days": 0},
+        {"audit_days": -1},
+        {"batch_size": 0},
+        {"batches": 0},
+    ],
 )
 def test_policy_refuses_nonsense(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
