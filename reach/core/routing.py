@@ -19,10 +19,18 @@ The steps, in order:
    the others, so a capability whose instances are all busy still has a candidate (the agent
    answers 429 and delivery backs off) rather than failing with "no suitable agent".
 4. **Rank** each tier by ReachScore (high first), then load (low first), then instance ID so
-   the order is deterministic.
-5. **Spread**: when the best two are in the same tier and within ``tie_margin`` points
-   (inclusive) of each other, pick one of those two at random, so a marginally better
-   instance does not become a hot spot.
+   the order is deterministic (what listings and semantic matching show as "best").
+5. **Choose by expected wait** (seed 000 §5.3: "by ReachScore and current load"). The
+   score is first a gate: the instances of the best tier within ``score_gate`` points of
+   its best score compete (a flaky one far below never does while better ones exist).
+   Each then weighs ``1 / cost``, where ``cost`` is its expected wait -- one task's
+   service time (the heartbeat's ``last_task_duration_ms``, else the capability's
+   ``estimated_latency``, else one unit) times its occupancy plus one slot's share
+   (``in_flight / max_concurrency``, or the heartbeat's ``current_load`` when higher,
+   ``+ 1 / max_concurrency``) -- divided by the score as a fraction (so the score is also
+   a weight). One weighted draw picks: equal replicas share the work evenly at any
+   count, an idle replica takes most of it from a busy one with a slightly better score,
+   and a stale load (heartbeats come every few seconds) never sends everything one way.
 
 Metadata rules compare strictly by kind: a string never equals a number (``"1" != 1``) and a
 bool never equals a number (``True != 1``), while ints and floats compare by value
@@ -41,6 +49,7 @@ from reach.core.health import InstanceStatus
 from reach.errors import NoSuitableAgent
 
 __all__ = [
+    "DEFAULT_SCORE_GATE",
     "DEFAULT_TIE_MARGIN",
     "Candidate",
     "Declaration",
@@ -51,6 +60,7 @@ __all__ = [
     "choose",
     "choose_excluding",
     "eligibility",
+    "expected_cost",
     "matches",
     "rank",
     "tier",
@@ -58,7 +68,8 @@ __all__ = [
 
 MetadataValue: TypeAlias = str | int | float | bool
 
-DEFAULT_TIE_MARGIN: Final = 5.0
+DEFAULT_TIE_MARGIN: Final = 5.0  # agents within this many points are equally apt (matching)
+DEFAULT_SCORE_GATE: Final = 20.0  # instances within this many points compete on expected wait
 
 _ROUTABLE_STATUSES: Final = frozenset({InstanceStatus.ONLINE, InstanceStatus.DEGRADED})
 
@@ -127,6 +138,9 @@ class Candidate:
     breaker_opened_at: float = 0.0
     trust_level: str = "L2"  # agents.trust_level: L1 (mTLS), L2 (default), L3 (allow-list)
     protocol: str = "reach"  # instances.protocol: reach (the SDK's POST) or a2a (JSON-RPC)
+    current_load: float = 0.0  # the heartbeat's own view: in_flight / max_concurrency
+    last_task_duration_ms: float | None = None  # the heartbeat's most recent task
+    estimated_latency_ms: float | None = None  # the invoked capability's declaration
 
     @property
     def load(self) -> float:
@@ -246,13 +260,37 @@ def _filter_dict(flt: RouteFilter) -> dict[str, Any]:
     }
 
 
-def _pick(ranked: Sequence[Candidate], rng: random.Random, tie_margin: float) -> Candidate:
+def expected_cost(c: Candidate) -> float:
+    """Expected wait for one more task, per unit of ReachScore: what the draw weighs
+    against (lower is better; see the module docstring, step 5)."""
+    service = c.last_task_duration_ms or c.estimated_latency_ms or 1.0
+    slots = max(c.max_concurrency, 1)
+    occupancy = max(c.load, c.current_load)
+    if not math.isfinite(occupancy):
+        return math.inf
+    wait = max(service, 1e-3) * (occupancy + 1.0 / slots)
+    return wait / max(c.reach_score / 100.0, 0.01)
+
+
+def _pick(ranked: Sequence[Candidate], rng: random.Random, score_gate: float) -> Candidate:
     best = ranked[0]
-    if len(ranked) >= 2:
-        second = ranked[1]
-        if tier(best) == tier(second) and best.reach_score - second.reach_score <= tie_margin:
-            return rng.choice((best, second))
-    return best
+    pool = [
+        c
+        for c in ranked
+        if tier(c) == tier(best) and c.reach_score >= best.reach_score - score_gate
+    ]
+    if len(pool) == 1:
+        return best
+    weights = [1.0 / cost if (cost := expected_cost(c)) > 0 else 0.0 for c in pool]
+    total = sum(weights)
+    if not total > 0 or not math.isfinite(total):
+        return best  # every one infinitely busy: the ranked order decides
+    point = rng.random() * total
+    for c, weight in zip(pool, weights, strict=True):
+        point -= weight
+        if point < 0:
+            return c
+    return pool[-1]
 
 
 def _no_suitable_agent(flt: RouteFilter) -> NoSuitableAgent:
@@ -265,17 +303,17 @@ def choose(
     candidates: Sequence[Candidate],
     flt: RouteFilter,
     rng: random.Random,
-    tie_margin: float = DEFAULT_TIE_MARGIN,
+    score_gate: float = DEFAULT_SCORE_GATE,
 ) -> Candidate:
     """The instance to deliver to; raises NoSuitableAgent when nothing matches.
 
-    When the best two share a tier and are within `tie_margin` points, one of the two is
-    drawn with ``rng.choice``; otherwise the best wins.
+    Among the best tier's instances within `score_gate` points of its best, one is drawn
+    with weight ``1 / expected_cost`` (one ``rng.random()``); a lone one is taken as is.
     """
     ranked = rank(candidates, flt)
     if not ranked:
         raise _no_suitable_agent(flt)
-    return _pick(ranked, rng, tie_margin)
+    return _pick(ranked, rng, score_gate)
 
 
 def choose_excluding(
@@ -283,7 +321,7 @@ def choose_excluding(
     flt: RouteFilter,
     rng: random.Random,
     exclude: Collection[str],
-    tie_margin: float = DEFAULT_TIE_MARGIN,
+    score_gate: float = DEFAULT_SCORE_GATE,
 ) -> Candidate:
     """Like `choose`, but prefer instances whose ID is not in `exclude`.
 
@@ -296,4 +334,4 @@ def choose_excluding(
     if not ranked:
         raise _no_suitable_agent(flt)
     preferred = [c for c in ranked if c.instance_id not in excluded]
-    return _pick(preferred or ranked, rng, tie_margin)
+    return _pick(preferred or ranked, rng, score_gate)

@@ -446,9 +446,22 @@ def load_offers(
             breaker_opened_at=inst.breaker_opened_at or 0.0,
             trust_level=agent.trust_level or "L2",
             protocol=inst.protocol or "reach",
+            current_load=inst.current_load or 0.0,
+            last_task_duration_ms=inst.last_task_duration_ms,
+            estimated_latency_ms=_estimated_latency(agent.capabilities, method),
         )
         out.append((candidate, agent.capabilities))
     return out
+
+
+def _estimated_latency(capabilities: list[dict[str, Any]], method: str | None) -> float | None:
+    """The ``estimated_latency`` (ms) the agent declared for the capability ``method``
+    invokes; routing's service time until a heartbeat reports a real one."""
+    for capability in capabilities:
+        if capability.get("type") == method:
+            value = capability.get("estimated_latency")
+            return float(value) if isinstance(value, int | float) and value > 0 else None
+    return None
 
 
 def prefilter(flt: RouteFilter, method: str | None) -> list[ColumnElement[bool]]:

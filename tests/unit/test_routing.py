@@ -12,11 +12,11 @@ import pytest
 
 from reach.core.health import InstanceStatus
 from reach.core.routing import (
-    DEFAULT_TIE_MARGIN,
     Candidate,
     RouteFilter,
     choose,
     choose_excluding,
+    expected_cost,
     matches,
     rank,
 )
@@ -295,52 +295,96 @@ def test_choose_demotes_but_never_removes(pool: list[Candidate], expected: str) 
         assert choose(pool, BY_CAP, rng).instance_id == expected
 
 
-# --- choose: spreading near-ties -------------------------------------------------------------
+# --- choose: by expected wait, spread fairly ---------------------------------------------------
 
 
-def test_near_tie_is_split_evenly() -> None:
-    pool = [cand("a", 97), cand("b", 95)]
-    rng = random.Random(20240601)
-    counts = Counter(choose(pool, BY_CAP, rng).instance_id for _ in range(10_000))
-    assert set(counts) == {"a", "b"}
-    for instance_id in ("a", "b"):
-        assert counts[instance_id] / 10_000 == pytest.approx(0.5, abs=0.03)
+def shares(pool: list[Candidate], draws: int = 20_000, seed: int = 20240601) -> dict[str, float]:
+    rng = random.Random(seed)
+    counts = Counter(choose(pool, BY_CAP, rng).instance_id for _ in range(draws))
+    return {c.instance_id: counts[c.instance_id] / draws for c in pool}
+
+
+@pytest.mark.parametrize("replicas", [2, 3, 5, 10])
+def test_equal_replicas_share_the_work_evenly_at_any_count(replicas: int) -> None:
+    got = shares([cand(f"r{n}", 95) for n in range(replicas)])
+    for share in got.values():
+        assert share == pytest.approx(1 / replicas, abs=0.02)
+
+
+def test_an_idle_replica_takes_most_work_from_a_busy_one_with_a_better_score() -> None:
+    """Issue 39's case: score 99 with 7 of 8 slots taken against an idle score 90."""
+    got = shares([cand("busy", 99, in_flight=7), cand("idle", 90)])
+    assert got["idle"] == pytest.approx(0.879, abs=0.02)  # 1/cost: 7.2 against 0.99
+    assert got["busy"] > 0  # a stale load never sends everything one way
 
 
 @pytest.mark.parametrize(
     ("scores", "allowed"),
     [
-        ((97.0, 90.0), {"i0"}),  # 7 points apart: always the best
-        ((97.0, 91.9), {"i0"}),  # just outside the margin
-        ((97.0, 92.0), {"i0", "i1"}),  # exactly 5 points: within
-        ((97.0, 97.0), {"i0", "i1"}),
-        ((97.0, 95.0, 94.0), {"i0", "i1"}),  # only the top two share the traffic
-        ((97.0, 96.0, 96.0, 96.0), {"i0", "i1"}),
+        ((97.0, 76.0), {"i0"}),  # 21 points below the best: gated out
+        ((97.0, 77.0), {"i0", "i1"}),  # exactly 20: competes
+        ((97.0, 95.0, 94.0), {"i0", "i1", "i2"}),  # every near-equal one shares the work
+        ((97.0, 96.0, 96.0, 60.0), {"i0", "i1", "i2"}),
     ],
 )
-def test_tie_margin(scores: tuple[float, ...], allowed: set[str]) -> None:
+def test_score_gate(scores: tuple[float, ...], allowed: set[str]) -> None:
     pool = [cand(f"i{n}", score) for n, score in enumerate(scores)]
     rng = random.Random(7)
     seen = {choose(pool, BY_CAP, rng).instance_id for _ in range(2_000)}
     assert seen == allowed
 
 
-def test_no_randomising_across_tiers() -> None:
-    # The full instance is within the margin of the free one but in a lower tier:
-    # it must not get half the traffic.
-    pool = [cand("free", 95), cand("full", 95 + DEFAULT_TIE_MARGIN, in_flight=8)]
+def test_recent_task_duration_counts() -> None:
+    fast = replace(cand("fast", 95), last_task_duration_ms=1_000.0)
+    slow = replace(cand("slow", 95), last_task_duration_ms=4_000.0)
+    assert shares([fast, slow])["fast"] == pytest.approx(0.8, abs=0.02)
+
+
+def test_declared_latency_stands_in_until_a_heartbeat_reports_a_duration() -> None:
+    declared = replace(cand("declared", 95), estimated_latency_ms=3_000.0)
+    measured = replace(
+        cand("measured", 95), estimated_latency_ms=3_000.0, last_task_duration_ms=1_000.0
+    )
+    assert shares([declared, measured])["measured"] == pytest.approx(0.75, abs=0.02)
+
+
+def test_the_heartbeats_current_load_counts_when_higher_than_in_flight() -> None:
+    loaded = replace(cand("loaded", 95), current_load=0.875)  # busy with work of its own
+    assert shares([loaded, cand("idle", 95)])["idle"] == pytest.approx(0.889, abs=0.02)
+
+
+@pytest.mark.parametrize(
+    ("candidate", "cost"),
+    [
+        (cand("idle", 100), 1 / 8),
+        (cand("half", 100, in_flight=4), 5 / 8),
+        (cand("half-score", 50), 2 / 8),
+        (replace(cand("slow", 100), last_task_duration_ms=2_000.0), 2_000 / 8),
+        (replace(cand("self-busy", 100), current_load=1.0), 9 / 8),
+        (cand("no-slots", 100, in_flight=1, max_concurrency=0), float("inf")),
+        (cand("zero-score", 0), 100 / 8),  # floored at a hundredth
+    ],
+    ids=lambda v: v.instance_id if isinstance(v, Candidate) else None,
+)
+def test_expected_cost(candidate: Candidate, cost: float) -> None:
+    assert expected_cost(candidate) == pytest.approx(cost)
+
+
+def test_no_spreading_across_tiers() -> None:
+    # The full instance scores better but is in a lower tier: it gets nothing.
+    pool = [cand("free", 95), cand("full", 99, in_flight=8)]
     rng = random.Random(1)
     assert {choose(pool, BY_CAP, rng).instance_id for _ in range(500)} == {"free"}
 
 
-def test_custom_tie_margin() -> None:
+def test_custom_score_gate() -> None:
     pool = [cand("a", 97), cand("b", 90)]
     rng = random.Random(3)
-    assert {choose(pool, BY_CAP, rng, tie_margin=10).instance_id for _ in range(500)} == {
+    assert {choose(pool, BY_CAP, rng, score_gate=10).instance_id for _ in range(500)} == {
         "a",
         "b",
     }
-    assert {choose(pool, BY_CAP, rng, tie_margin=0).instance_id for _ in range(500)} == {"a"}
+    assert {choose(pool, BY_CAP, rng, score_gate=0).instance_id for _ in range(500)} == {"a"}
 
 
 def test_choose_is_reproducible_with_the_same_seed() -> None:
