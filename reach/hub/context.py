@@ -20,7 +20,8 @@ from reach.hub import approval_webhook, callbacks
 from reach.hub.approvals import ApprovalPolicy
 from reach.hub.clock import Clock, SystemClock
 from reach.hub.delivery.policy import DeliveryPolicy
-from reach.hub.embeddings.backends.minilm import MiniLM, MiniLMInt8
+from reach.hub.embeddings.backend import folder_problem
+from reach.hub.embeddings.backends.minilm import MiniLM, MiniLMInt8, folder_model
 from reach.hub.ledger import Publish, mark_published, unmark_published
 from reach.hub.matching import Matcher
 from reach.hub.monitoring import Policy
@@ -85,13 +86,18 @@ class HubContext:
         """Semantic capability matching (`reach.hub.matching`); the model loads on first
         use, so building this costs a look for the packages and nothing more."""
         router = self.settings.router
+        backend: type[MiniLM] = MiniLMInt8 if router.semantic_quantize else MiniLM
+        model = router.semantic_model
+        if model is not None and router.semantic != "off" and not folder_problem(model):
+            backend = folder_model(model, quantize=router.semantic_quantize)
         return Matcher(
             router.semantic,
             router.semantic_threshold,
             router.semantic_margin,
             self.write,
             self.policy,
-            backend=MiniLMInt8 if router.semantic_quantize else MiniLM,
+            backend=backend,
+            model=model if router.semantic != "off" else None,
         )
 
     @cached_property

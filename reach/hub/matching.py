@@ -84,8 +84,9 @@ class Matcher:
         *,
         backend: type[EmbeddingBackend] = MiniLMInt8,
         rng: random.Random | None = None,
+        model: str | None = None,
     ) -> None:
-        self.availability: Availability = availability(mode)
+        self.availability: Availability = availability(mode, model)
         self.threshold = threshold
         self.margin = margin
         self._write = write

@@ -307,6 +307,11 @@ class RouterSettings(_Section):
     semantic_margin: float = Field(
         0.03, ge=0, le=1, description="similarities this close are equally apt: health decides"
     )
+    semantic_model: str | None = Field(
+        None,
+        description="a local sentence-transformers model folder (e.g. bge-small-zh-v1.5 for "
+        "intents in Chinese); unset: all-MiniLM-L6-v2 of agent-reach[semantic]",
+    )
     semantic_quantize: bool = Field(
         True, description="int8 weights for the model's linear layers: half the CPU per intent"
     )

