@@ -23,11 +23,14 @@ The derived trace is stored on the task, so the chain continues from the hub's v
 One indexed read of the parent (by task id) or of the agent's live task (by
 ``(agent_id, status)``); a caller that is not an agent and sends no parent costs none.
 
-**The dependency-entropy alert.** Reaches from an agent to a named agent are counted per
-ordered pair in hub-wide windows (`SharedCounts`, name ``link``, key ``src>dst``, over
-``router.loop_alert_window``). When both directions exceed ``router.loop_alert_threshold``
-the link is suspected of a dependency loop: an ``agent_links`` row each way (demoted
-until a window after the last busy reach), an audit entry
+**The dependency-entropy alert.** Every reach from an agent is counted per ordered pair,
+by the agent it resolved to: a named agent at submit; an intent's match right after the
+submit commits; tags or a capability once delivery routed the first attempt (the worker
+counts it). They are counted in hub-wide windows (`SharedCounts`, name ``link``, key
+``src>dst``, over ``router.loop_alert_window``). When both directions exceed
+``router.loop_alert_threshold`` the link is suspected of a dependency loop: an
+``agent_links`` row each way (demoted until a window after the last busy reach; a reach
+resolved after its submit stays as it was queued), an audit entry
 ``dependency_loop_suspected``, the ``agentreach_dependency_loop_suspected_total`` metric,
 a WARNING log; reaches on the link are then stored with priority ``background``. When the
 counts fall back, the next reach on the link lifts the demotion (audit
@@ -40,7 +43,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -61,6 +64,7 @@ from reach.schemas import SubmitRequest
 log = logging.getLogger("reach.hub.loops")
 
 COUNTS = "link"  # the SharedCounts name of the per-pair reach counts
+Transact = Callable[[Callable[[Session], Any]], Any]  # runs a function in a transaction
 _HANDLING = (TaskStatus.DISPATCHING, TaskStatus.EXECUTING)
 
 
@@ -156,6 +160,18 @@ class LinkWatch:
     def count(self, src: str, dst: str, now: float) -> None:
         """Count one accepted reach ``src`` -> ``dst`` (after its transaction committed)."""
         self.counts.add(COUNTS, f"{src}>{dst}", now)
+
+    def resolved(self, run: Transact, src: str | None, dst: str | None, now: float) -> None:
+        """A reach that named no agent, once it resolved to ``dst`` (an intent matched,
+        tags or a capability routed): counted like a named one, and its link settled in
+        a transaction of its own when busy (the demotion applies to the reaches after
+        it). Called outside any transaction, as `look` must be."""
+        if not src or not dst or src == dst:
+            return
+        seen = self.look(src, dst, now)
+        self.count(src, dst, now)
+        if seen is not None:
+            run(lambda session: self.settle(session, src, dst, seen, now))
 
     def _suspect(
         self, session: Session, src: str, dst: str, ahead: int, back: int, now: float
@@ -281,12 +297,21 @@ class LoopGuard:
 
     def for_reach(self, caller: str | None, req: SubmitRequest, now: float) -> LoopGuard:
         """This guard for one reach (outside any transaction): from the caller agent (the
-        authenticated one, else the last agent of the path it sent) to the agent it names."""
+        authenticated one, else the last agent of the path it sent) to the agent it names;
+        a reach naming none keeps its caller agent for `resolved`."""
         sent = req.trace.model_dump() if req.trace else {}
         src, dst = caller_agent(caller, sent), req.agent_id
-        if self.links is None or not src or not dst or src == dst:
+        if self.links is None or not src:
             return self
+        if not dst or src == dst:
+            return replace(self, src=src)
         return replace(self, src=src, dst=dst, seen=self.links.look(src, dst, now))
+
+    def resolved(self, run: Transact, dst: str | None, now: float) -> None:
+        """This reach named no agent and the submit resolved it to ``dst`` (an intent's
+        match): count it by that agent (`LinkWatch.resolved`)."""
+        if self.links is not None and self.dst is None:
+            self.links.resolved(run, self.src, dst, now)
 
     def trace_for(
         self,

@@ -19,6 +19,7 @@ from reach.hub.delivery.exchanger import Exchanger
 from reach.hub.delivery.loop import LoopThread
 from reach.hub.delivery.pipeline import Pipeline
 from reach.hub.delivery.transports import AgentTransport, HubTls
+from reach.hub.loops import LoopGuard
 from reach.hub.registry import CandidateCache
 from reach.hub.signing import Signer
 from reach.worker.process_random import process_random
@@ -66,6 +67,7 @@ def _build() -> Machinery:
         if dpolicy.sign_deliveries
         else None,
         ctx.shared_counts,  # hub-wide breaker windows and retry budgets
+        LoopGuard.of(settings.router, ctx.shared_counts).links,  # pairs reached by tags
     )
     transport = AgentTransport(tls=HubTls.from_settings(settings), loop=LoopThread())
     exchanges = settings.exchanges

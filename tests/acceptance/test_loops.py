@@ -42,7 +42,7 @@ STACK_SETTINGS = {
 STACK_WORKER_CONCURRENCY = 4  # a chain of awaiting handlers holds one delivery slot each
 SCRIPT = REPO / "tests" / "acceptance" / "agents" / "loop_agent.py"
 LOOP = "urn:agent-reach:problem:loop-detected"
-A, B, C, D, E, F = (f"lp-{x}" for x in "abcdef")
+A, B, C, D, E, F, G, H = (f"lp-{x}" for x in "abcdefgh")
 
 
 class LoopAgent:
@@ -89,7 +89,7 @@ def hub(
     directory = tmp_path_factory.mktemp("loop-agents")
     admin = make_key(shared_store_url, Scope.ADMIN)
     caller = make_key(shared_store_url, Scope.CALLER)
-    keys = {a: make_key(shared_store_url, Scope.AGENT, a) for a in (A, B, C, D, E, F)}
+    keys = {a: make_key(shared_store_url, Scope.AGENT, a) for a in (A, B, C, D, E, F, G, H)}
     started = {a: LoopAgent(shared_stack.url, a, keys[a], directory) for a in keys}
     store = create_engine_for(shared_store_url)
     try:
@@ -238,10 +238,10 @@ def _reach_as(hub: Hub, src: str, dst: str, n: int) -> list[dict[str, Any]]:
     return views
 
 
-def _link(hub: Hub) -> dict[str, Any] | None:
+def _link(hub: Hub, pair: tuple[str, str] = (E, F)) -> dict[str, Any] | None:
     r = api(hub.stack, "GET", "/api/v1/links", hub.admin)
     assert r.status_code == 200, r.text
-    found = [link for link in r.json()["links"] if link["agents"] == [E, F]]
+    found = [link for link in r.json()["links"] if link["agents"] == list(pair)]
     return found[0] if found else None
 
 
@@ -291,3 +291,19 @@ def test_busy_traffic_both_ways_raises_the_alert_demotes_the_link_and_calms(hub:
 def test_links_need_a_fleet_reader(hub: Hub) -> None:
     assert api(hub.stack, "GET", "/api/v1/links", hub.caller).status_code == 403
     assert api(hub.stack, "GET", "/api/v1/links", None).status_code == 401
+
+
+def test_reaches_by_tags_count_by_the_agent_they_reached(hub: Hub) -> None:
+    """Ping-pong routed by tags (no agent named either way) is counted by the agent each
+    reach was routed to, and raises the alert as named reaches do."""
+    before = _suspected_metric(hub)
+    for src, dst, n in ((G, H, 4), (H, G, 4)):
+        views = [submit(hub, hub.keys[src], tags=[f"tag-{dst}"], method="ping") for _ in range(n)]
+        assert all(v["status"] == "success" and v["agent_id"] == dst for v in views), views
+    link = wait_until(lambda: _link(hub, (G, H)), timeout=10, what="the link suspected")
+    assert link["state"] == "suspected", link
+    assert link["detail"]["counts"] == {f"{H}>{G}": 4, f"{G}>{H}": 4}
+    assert _suspected_metric(hub) == before + 1
+    assert [r.action for r in audit_rows(hub.store, AuditRow.target == f"{G}<->{H}")] == [
+        "dependency_loop_suspected"
+    ]

@@ -18,6 +18,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -38,6 +39,7 @@ from reach.hub.delivery.policy import DeliveryPolicy
 from reach.hub.delivery.routing import Dispatch, route, wait_for_breakers, wait_for_budget
 from reach.hub.delivery.transports import AgentTransport, Exchanged
 from reach.hub.ledger import Publish, fail_transient, load_for_update, succeed
+from reach.hub.loops import LinkWatch, caller_agent
 from reach.hub.monitoring import Policy
 from reach.hub.shared_counts import SharedCounts
 from reach.hub.signing import Signer
@@ -65,6 +67,7 @@ class Pipeline:
     candidates: registry.CandidateCache | None = None
     signer: Signer | None = None
     shared: SharedCounts | None = None
+    links: LinkWatch | None = None  # counts reaches by tags or capability by routed agent
 
     @database_outage("delivery of an attempt")
     def begin(self, task_id: str, attempt_seq: int) -> Dispatch | Publish | None:
@@ -108,7 +111,15 @@ class Pipeline:
                 )  # fmt: skip
         retry = retry_budget.resend(claimed.instance_id, claimed.retries)
         retry_budget.count(self.shared, routed.agent_id, retry, now())
+        if self.links is not None and attempt_seq == 1 and not claimed.target.get("agent_id"):
+            # a reach by tags or capability resolves here: its agent pair counts now
+            src = caller_agent(claimed.caller, claimed.trace or {})
+            self.links.resolved(self._transact, src, routed.agent_id, now())
         return self._signed(routed)
+
+    def _transact(self, work: Callable[[Session], Any]) -> Any:
+        with self.sessions.begin() as session:
+            return work(session)
 
     def _signed(self, d: Dispatch) -> Dispatch:
         """The exchange's headers: the attempt, and a hub-signed reach token bound to the

@@ -43,6 +43,7 @@ agent = reach.Agent(
     addr=f"127.0.0.1:{args.port}",
     allow_loopback=True,
     capabilities=[{"type": c} for c in ("loop.bounce", "chain.next", "ping")],
+    tags=[f"tag-{ME}"],  # reached by tags too (the dependency alert counts those)
     heartbeat_interval=0.5,
     hub=args.hub,
 )

@@ -274,6 +274,8 @@ class Intake:
                 raise
             if not isinstance(done, ReachError) and done[1]:
                 guard.counted(ctx.clock.now())  # an agent-pair count, outside the transaction
+                if body.intent is not None:  # matched to an agent: counted by that agent
+                    guard.resolved(ctx.write, done[0].get("agent_id"), ctx.clock.now())
             return done
 
         accepted = await self.lane.run(accept)
