@@ -9,7 +9,11 @@ The arithmetic is pure (``reach.core.retry_budget``). What counts, in
   worker lost mid-exchange, a priority deferral -- is no retry toward the target: it is
   how at-least-once recovers hundreds of exchanges a dead worker held, and throttling
   those as a storm made them wait a minute for a target that was fine;
-* ``retry_budget_waits``: retries deferred because the budget was spent.
+* ``retry_budget_waits``: retries deferred because the budget was spent;
+* the same three per caller and target pair (``pair_requests``, ``pair_retries``,
+  ``pair_budget_waits``, keyed ``caller>agent``), as seed 004 counts them: a retry must
+  fit its target's budget *and* its pair's, so one caller whose tasks all fail spends a
+  share of its own requests, not the room other callers' healthy traffic makes.
 
 `precheck` runs before a later attempt (``attempt_seq > 1``) is claimed -- outside the
 claim's transaction, since on SQLite the counts' own transactions would wait on its write
@@ -34,6 +38,15 @@ from reach.hub.storage.models import TaskRow
 REQUESTS = "reach_requests"
 RETRIES = "reach_retries"
 WAITS = "retry_budget_waits"
+PAIR_REQUESTS = "pair_requests"
+PAIR_RETRIES = "pair_retries"
+PAIR_WAITS = "pair_budget_waits"
+ANONYMOUS_CALLER = "anonymous"  # an open hub's callers count as one
+
+
+def pair_key(caller: str | None, agent_id: str) -> str:
+    """The shared-counts key of a caller and target pair."""
+    return f"{caller or ANONYMOUS_CALLER}>{agent_id}"
 
 
 def resend(instance_id: str | None, retries: int) -> bool:
@@ -41,13 +54,23 @@ def resend(instance_id: str | None, retries: int) -> bool:
     return instance_id is not None and retries > 0
 
 
-def count(shared: SharedCounts | None, agent_id: str, retry: bool, now: float) -> None:
-    """Count one delivery about to be posted to ``agent_id`` (a retry also as one)."""
+def count(
+    shared: SharedCounts | None,
+    agent_id: str,
+    retry: bool,
+    now: float,
+    caller: str | None = None,
+) -> None:
+    """Count one delivery about to be posted to ``agent_id`` for ``caller`` (a retry also
+    as one), toward the target and toward the pair."""
     if shared is None:
         return
+    pair = pair_key(caller, agent_id)
     shared.add(REQUESTS, agent_id, now)
+    shared.add(PAIR_REQUESTS, pair, now)
     if retry:
         shared.add(RETRIES, agent_id, now)
+        shared.add(PAIR_RETRIES, pair, now)
 
 
 def precheck(
@@ -66,13 +89,13 @@ def precheck(
         return None
     with shared.read_sessions.begin() as session:
         row = session.execute(
-            select(TaskRow.agent_id, TaskRow.instance_id, TaskRow.retries).where(
+            select(TaskRow.agent_id, TaskRow.instance_id, TaskRow.retries, TaskRow.caller).where(
                 TaskRow.task_id == task_id
             )
         ).first()
     if row is None or not resend(row.instance_id, row.retries) or not row.agent_id:
         return None  # not a retry toward its target, whatever its attempt number
-    delay = gate(shared, row.agent_id, now, budget, rng)
+    delay = gate(shared, row.agent_id, now, budget, rng, caller=row.caller)
     return None if delay is None else (str(row.agent_id), delay)
 
 
@@ -82,18 +105,31 @@ def gate(
     now: float,
     budget: RetryBudget,
     rng: random.Random,
+    caller: str | None = None,
 ) -> float | None:
-    """None if a retry toward ``agent_id`` may fire now; else seconds to wait for budget
-    (counted as a wait, hub-wide, so the waiting retries spread out)."""
+    """None if a retry toward ``agent_id`` for ``caller`` may fire now; else seconds to
+    wait until both its target's and its pair's budgets have room (each budget spent
+    counts a wait, hub-wide, so the waiting retries spread out)."""
     if shared is None or not budget.enabled:
         return None
-    window = budget.window_s
-    retries = shared.total(RETRIES, agent_id, now, window)
-    requests = shared.total(REQUESTS, agent_id, now, window)
-    waiting = shared.total(WAITS, agent_id, now, window)
-    delay = wait_s(retries, requests, waiting, budget, rng.random())
+    spread = rng.random()
+    delay = 0.0
+    for requests, retries, waits, key in (
+        (REQUESTS, RETRIES, WAITS, agent_id),
+        (PAIR_REQUESTS, PAIR_RETRIES, PAIR_WAITS, pair_key(caller, agent_id)),
+    ):
+        window = budget.window_s
+        wait = wait_s(
+            shared.total(retries, key, now, window),
+            shared.total(requests, key, now, window),
+            shared.total(waits, key, now, window),
+            budget,
+            spread,
+        )
+        if wait > 0:
+            shared.add(waits, key, now)
+            delay = max(delay, wait)
     if delay <= 0:
         return None
-    shared.add(WAITS, agent_id, now)
     metrics.RETRY_BUDGET_WAIT_TOTAL.labels(agent_id).inc()
     return delay

@@ -110,7 +110,7 @@ class Pipeline:
                     reason="no_route", error={"kind": "no_route", "message": routed},
                 )  # fmt: skip
         retry = retry_budget.resend(claimed.instance_id, claimed.retries)
-        retry_budget.count(self.shared, routed.agent_id, retry, now())
+        retry_budget.count(self.shared, routed.agent_id, retry, now(), claimed.caller)
         if self.links is not None and attempt_seq == 1 and not claimed.target.get("agent_id"):
             # a reach by tags or capability resolves here: its agent pair counts now
             src = caller_agent(claimed.caller, claimed.trace or {})
