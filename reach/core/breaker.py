@@ -35,6 +35,12 @@ those seconds is retried 1 s later: the failing instance meets about twice its u
 rate exactly while it is down. A streak of distinct tasks is evidence a handful of one
 caller's retries cannot fake (a task counts once however often it fails).
 
+**Gradual recovery** (seed 004: "逐步恢复", restore step by step). A successful trial does
+not hand the instance its whole share at once: for ``recovery_windows`` windows after it
+(`recovery_share`) it takes a growing share of its tasks -- 1/(n+1), 2/(n+1) ... -- as
+routing weighs it (``reach.core.routing``), and any failure in that time opens the breaker
+again at once (`reopens`), without waiting for a window's worth of evidence.
+
 Two rules serve the tasks that meet a broken instance (issue 14):
 
 * `routable`: a due trial overrides the agent's own "failing" report (reachability rule
@@ -62,6 +68,8 @@ __all__ = [
     "FailureWindow",
     "Transition",
     "counts_as_success",
+    "recovery_share",
+    "reopens",
     "retry_at",
     "routable",
     "state",
@@ -93,6 +101,7 @@ class BreakerPolicy:
     min_volume: int = 20
     trial_interval_s: float = 30.0
     streak: int = 10
+    recovery_windows: int = 3
 
     def __post_init__(self) -> None:
         if not _is_int(self.window_s) or self.window_s < 1:
@@ -103,6 +112,10 @@ class BreakerPolicy:
             )
         if not _is_int(self.streak) or self.streak < 0:
             raise BreakerPolicyError("streak", f"must be an integer >= 0, got {self.streak!r}")
+        if not _is_int(self.recovery_windows) or self.recovery_windows < 0:
+            raise BreakerPolicyError(
+                "recovery_windows", f"must be an integer >= 0, got {self.recovery_windows!r}"
+            )
         ratio = self.failure_ratio
         if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 <= ratio < 1:
             raise BreakerPolicyError("failure_ratio", f"must be within [0, 1), got {ratio!r}")
@@ -129,6 +142,25 @@ def state(open_until: float | None, now: float) -> BreakerState:
     if open_until is None:
         return BreakerState.CLOSED
     return BreakerState.OPEN if now < open_until else BreakerState.TRIAL_DUE
+
+
+def recovery_share(closed_at: float | None, now: float, policy: BreakerPolicy) -> float:
+    """The share of its tasks an instance takes while it recovers: ``k / (n + 1)`` in the
+    ``k``-th window after the successful trial closed its breaker at ``closed_at``, for
+    ``n = recovery_windows`` windows; 1.0 once they passed (or never opened, or n = 0)."""
+    n = policy.recovery_windows
+    if closed_at is None or n == 0:
+        return 1.0
+    elapsed = now - closed_at
+    if elapsed < 0:
+        return 1.0 / (n + 1)  # clocks of two processes: the first step, not a full share
+    step = int(elapsed // policy.window_s) + 1
+    return 1.0 if step > n else step / (n + 1)
+
+
+def reopens(closed_at: float | None, now: float, policy: BreakerPolicy) -> bool:
+    """Whether a failure now opens the breaker again at once: it is still recovering."""
+    return recovery_share(closed_at, now, policy) < 1.0
 
 
 def counts_as_success(outcome: Outcome) -> bool | None:

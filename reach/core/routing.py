@@ -28,9 +28,11 @@ The steps, in order:
    ``estimated_latency``, else one unit) times its occupancy plus one slot's share
    (``in_flight / max_concurrency``, or the heartbeat's ``current_load`` when higher,
    ``+ 1 / max_concurrency``) -- divided by the score as a fraction (so the score is also
-   a weight). One weighted draw picks: equal replicas share the work evenly at any
-   count, an idle replica takes most of it from a busy one with a slightly better score,
-   and a stale load (heartbeats come every few seconds) never sends everything one way.
+   a weight) and by its ``recovery`` share (an instance whose breaker just closed takes a
+   growing share, ``reach.core.breaker.recovery_share``). One weighted draw picks: equal
+   replicas share the work evenly at any count, an idle replica takes most of it from a
+   busy one with a slightly better score, and a stale load (heartbeats come every few
+   seconds) never sends everything one way.
 
 Metadata rules compare strictly by kind: a string never equals a number (``"1" != 1``) and a
 bool never equals a number (``True != 1``), while ints and floats compare by value
@@ -136,6 +138,8 @@ class Candidate:
     metadata: tuple[tuple[str, MetadataValue], ...] = ()
     breaker_open_until: float | None = None  # as the store said when this was loaded
     breaker_opened_at: float = 0.0
+    breaker_closed_at: float | None = None  # its last successful trial (recovery ramps)
+    recovery: float = 1.0  # the share it takes while recovering (reach.core.breaker)
     trust_level: str = "L2"  # agents.trust_level: L1 (mTLS), L2 (default), L3 (allow-list)
     protocol: str = "reach"  # instances.protocol: reach (the SDK's POST) or a2a (JSON-RPC)
     current_load: float = 0.0  # the heartbeat's own view: in_flight / max_concurrency
@@ -269,7 +273,7 @@ def expected_cost(c: Candidate) -> float:
     if not math.isfinite(occupancy):
         return math.inf
     wait = max(service, 1e-3) * (occupancy + 1.0 / slots)
-    return wait / max(c.reach_score / 100.0, 0.01)
+    return wait / max(c.reach_score / 100.0, 0.01) / max(c.recovery, 0.01)
 
 
 def _pick(ranked: Sequence[Candidate], rng: random.Random, score_gate: float) -> Candidate:

@@ -17,7 +17,9 @@ their own, each leaving an ``instance_events`` row:
   trial interval on -- one process wins, the rest route elsewhere. A failed trial leaves
   it at that (still open); a successful one closes the breaker (``breaker_closed``) and
   clears the instance's consecutive-failure count (the trial was the success that resets
-  it; the agent's next heartbeat says so too).
+  it; the agent's next heartbeat says so too). It then recovers gradually
+  (``reach.core.breaker.recovery_share``): routing gives it a growing share for
+  ``breaker_recovery_windows`` windows, and a failure meanwhile opens it again at once.
 
 With ``streak`` set (`reach.core.breaker.FailureStreak`) each process also keeps the
 instance's current run of distinct failing tasks, in memory: the first process whose run
@@ -52,6 +54,7 @@ from reach.core.breaker import (
     FailureWindow,
     Transition,
     counts_as_success,
+    reopens,
     retry_at,
     state,
     trips,
@@ -75,6 +78,7 @@ class Ticket:
     agent_id: str
     opened_at: float  # the breaker's last opening as routing saw it; 0.0 if it never opened
     trial: bool  # this attempt is the breaker's trial
+    closed_at: float | None = None  # its last successful trial: a failure soon after reopens
 
 
 WINDOW = "breaker"  # SharedCounts name; keys "<instance>@<opened_at>:all" and ":fail"
@@ -209,7 +213,9 @@ def ticket(session: Session, instance_id: str, now: float, policy: BreakerPolicy
     trial = current is not BreakerState.CLOSED
     if trial and not claim_trial(session, instance_id, now, policy):
         return None
-    return Ticket(instance_id, row.agent_id, row.breaker_opened_at or 0.0, trial)
+    return Ticket(
+        instance_id, row.agent_id, row.breaker_opened_at or 0.0, trial, row.breaker_closed_at
+    )
 
 
 def ticket_for(
@@ -219,7 +225,13 @@ def ticket_for(
     trial = state(candidate.breaker_open_until, now) is not BreakerState.CLOSED
     if trial and not claim_trial(session, candidate.instance_id, now, policy):
         return None
-    return Ticket(candidate.instance_id, candidate.agent_id, candidate.breaker_opened_at, trial)
+    return Ticket(
+        candidate.instance_id,
+        candidate.agent_id,
+        candidate.breaker_opened_at,
+        trial,
+        candidate.breaker_closed_at,
+    )
 
 
 def claim_trial(session: Session, instance_id: str, now: float, policy: BreakerPolicy) -> bool:
@@ -269,6 +281,11 @@ def observe(
                 policy.trial_interval_s,
             )
         return
+    if not success and reopens(ticket.closed_at, now, policy):
+        # still recovering from its last opening: one failure is evidence enough
+        recovering = Transition(BreakerState.OPEN, 1, 1, "recovery")
+        open_breaker(sessions, ticket, recovering, now, policy)
+        return
     transition = breakers.record(ticket, success, now, policy, shared, task_id)
     if transition is not None and transition.to is BreakerState.OPEN:
         open_breaker(sessions, ticket, transition, now, policy)
@@ -305,6 +322,14 @@ def open_breaker(
         }
         _event(session, ticket, "breaker_open", now, detail)
     metrics.BREAKER_OPEN_TOTAL.labels(ticket.agent_id).inc()
+    if transition.rule == "recovery":
+        log.warning(
+            "breaker OPEN again for %s/%s: it failed while recovering; next trial in %gs",
+            ticket.agent_id,
+            ticket.instance_id,
+            policy.trial_interval_s,
+        )
+        return True
     if transition.rule == "streak":
         log.warning(
             "breaker OPEN for %s/%s: %d distinct tasks failed in a row; next trial in %gs",
@@ -334,7 +359,7 @@ def close(sessions: sessionmaker[Session], ticket: Ticket, now: float) -> bool:
                 update(InstanceRow)
                 .where(InstanceRow.instance_id == ticket.instance_id)
                 .where(InstanceRow.breaker_open_until.is_not(None))
-                .values(breaker_open_until=None, consecutive_failure_count=0)
+                .values(breaker_open_until=None, consecutive_failure_count=0, breaker_closed_at=now)
             )
         )
         if not closed:

@@ -444,6 +444,7 @@ def load_offers(
             metadata=declared.metadata,
             breaker_open_until=inst.breaker_open_until,
             breaker_opened_at=inst.breaker_opened_at or 0.0,
+            breaker_closed_at=inst.breaker_closed_at,
             trust_level=agent.trust_level or "L2",
             protocol=inst.protocol or "reach",
             current_load=inst.current_load or 0.0,

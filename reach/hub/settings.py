@@ -256,6 +256,13 @@ class RouterSettings(_Section):
     breaker_trial_interval: Seconds = Field(
         30.0, gt=0, le=86400, description="open breaker: one trial request this often"
     )
+    breaker_recovery_windows: int = Field(
+        3,
+        ge=0,
+        le=100,
+        description="after a successful trial, windows over which the instance's share "
+        "ramps up (a failure meanwhile reopens it); 0: whole share at once",
+    )
     breaker_streak: int = Field(
         10,
         ge=0,

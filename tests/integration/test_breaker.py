@@ -357,3 +357,41 @@ def test_an_offline_instance_does_not_keep_a_submit_from_failing_fast(
     # its trial falls due: nothing live and no breaker open, accepted to wait for one
     hub.clock.set(opened_at + 300)
     assert hub.submit()
+
+
+def test_it_recovers_gradually_and_a_failure_while_recovering_reopens_it_at_once(
+    sessions: sessionmaker[Session], failing: EnvelopeServer
+) -> None:
+    """Seed 004's "restore step by step": a successful trial closes the breaker into
+    ``breaker_recovery_windows`` (3) windows of 10 s in which one failure is enough to
+    open it again; after them a failure is one failure among the window's answers."""
+    hub = Hub(sessions, failing.addr)
+    for task_id in [hub.submit() for _ in range(3)]:
+        hub.deliver(task_id, 1)
+    opened_at = hub.clock.now()
+    assert hub.instance().breaker_open_until == opened_at + 30
+
+    failing.status = 200
+    hub.at(opened_at + 30)
+    assert hub.deliver(hub.submit(), 1) is None  # the trial succeeds: closed, recovering
+    closed_at = hub.clock.now()
+    assert hub.instance().breaker_closed_at == closed_at
+
+    failing.status = 503  # 5 s later, within the first recovery window
+    hub.at(closed_at + 5)
+    assert hub.deliver(hub.submit(), 1) is not None
+    assert hub.instance().breaker_open_until == closed_at + 5 + 30  # one failure: open
+    reopened = hub.breaker_events()[-1]
+    assert (reopened.kind, reopened.detail["rule"]) == ("breaker_open", "recovery")
+    assert (reopened.detail["failures"], reopened.detail["total"]) == (1, 1)
+
+    failing.status = 200
+    hub.at(closed_at + 35)
+    assert hub.deliver(hub.submit(), 1) is None  # the next trial closes it again
+    healed_at = hub.clock.now()
+    failing.status = 503
+    hub.at(healed_at + 31)  # past its three recovery windows
+    assert hub.deliver(hub.submit(), 1) is not None
+    row = hub.instance()
+    assert row.breaker_open_until is None  # one failure of one is no window's evidence
+    assert [e.kind for e in hub.breaker_events()].count("breaker_open") == 2

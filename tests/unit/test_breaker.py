@@ -13,6 +13,8 @@ from reach.core.breaker import (
     FailureWindow,
     Transition,
     counts_as_success,
+    recovery_share,
+    reopens,
     retry_at,
     routable,
     state,
@@ -59,6 +61,8 @@ def test_settings_reach_the_delivery_policy() -> None:
         ({"trial_interval_s": 0}, "trial_interval_s"),
         ({"trial_interval_s": float("inf")}, "trial_interval_s"),
         ({"trial_interval_s": False}, "trial_interval_s"),
+        ({"recovery_windows": -1}, "recovery_windows"),
+        ({"recovery_windows": 1.5}, "recovery_windows"),
     ],
 )
 def test_invalid_policy_names_the_field(kwargs: dict[str, Any], field: str) -> None:
@@ -352,3 +356,23 @@ def test_routable(
 )
 def test_retry_at(open_until: list[float | None], expected: float | None) -> None:
     assert retry_at(open_until, 100.0, 1.0) == expected
+
+
+@pytest.mark.parametrize(
+    ("closed_at", "now", "windows", "share"),
+    [
+        (None, 100.0, 3, 1.0),  # never opened, or long closed
+        (100.0, 100.0, 3, 0.25),  # the first window after the trial: a quarter
+        (100.0, 109.9, 3, 0.25),
+        (100.0, 110.0, 3, 0.5),
+        (100.0, 125.0, 3, 0.75),
+        (100.0, 130.0, 3, 1.0),  # three windows passed: its whole share
+        (100.0, 95.0, 3, 0.25),  # another process's clock behind: the first step
+        (100.0, 100.0, 0, 1.0),  # recovery_windows 0: whole share at once
+        (100.0, 100.0, 1, 0.5),
+    ],
+)
+def test_recovery_share(closed_at: float | None, now: float, windows: int, share: float) -> None:
+    policy = BreakerPolicy(window_s=10, recovery_windows=windows)
+    assert recovery_share(closed_at, now, policy) == pytest.approx(share)
+    assert reopens(closed_at, now, policy) is (share < 1.0)

@@ -370,6 +370,14 @@ def test_expected_cost(candidate: Candidate, cost: float) -> None:
     assert expected_cost(candidate) == pytest.approx(cost)
 
 
+@pytest.mark.parametrize(("recovery", "expected"), [(0.25, 0.2), (0.5, 1 / 3), (1.0, 0.5)])
+def test_an_instance_recovering_from_its_breaker_takes_its_share(
+    recovery: float, expected: float
+) -> None:
+    back = replace(cand("back", 95), recovery=recovery)
+    assert shares([back, cand("steady", 95)])["back"] == pytest.approx(expected, abs=0.02)
+
+
 def test_no_spreading_across_tiers() -> None:
     # The full instance scores better but is in a lower tier: it gets nothing.
     pool = [cand("free", 95), cand("full", 99, in_flight=8)]

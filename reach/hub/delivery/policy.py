@@ -49,6 +49,7 @@ class DeliveryPolicy:
                 min_volume=r.breaker_min_volume,
                 trial_interval_s=r.breaker_trial_interval,
                 streak=r.breaker_streak,
+                recovery_windows=r.breaker_recovery_windows,
             ),
             sign_deliveries=settings.security.sign_deliveries,
             issuer=settings.security.issuer,

@@ -10,11 +10,12 @@ the claim's transaction and records the ``dispatched`` event. What comes back is
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy.orm import Session
 
+from reach.core.breaker import recovery_share
 from reach.core.channel import shown_endpoint
 from reach.core.routing import Candidate, RouteFilter, choose_excluding
 from reach.core.trust import is_l3
@@ -106,6 +107,12 @@ def route(
         if not found:
             return f"no instance of {flt.describe()} may be reached: {screened.reason}"
     exclude = {task.instance_id} if task.instance_id and task.retries else set()
+    found = [  # an instance whose breaker closed lately takes a growing share of tasks
+        replace(c, recovery=recovery_share(c.breaker_closed_at, now, dpolicy.breaker))
+        if c.breaker_closed_at is not None
+        else c
+        for c in found
+    ]
     while True:
         try:
             chosen = choose_excluding(found, flt, rng, exclude)

@@ -161,6 +161,8 @@ class InstanceRow(Base):
     # circuit breaker (reach.core.breaker): out of the routing pool while now < breaker_open_until
     breaker_open_until: Mapped[float | None] = mapped_column(Double, nullable=True)
     breaker_opened_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    # when a successful trial closed it: the instance's share ramps up from there
+    breaker_closed_at: Mapped[float | None] = mapped_column(Double, nullable=True)
     # how the worker delivers to it: ``reach`` (the SDK's POST) or ``a2a`` (JSON-RPC), the
     # A2A card as the hub read it, and the secret presented under the card's scheme
     protocol: Mapped[str] = mapped_column(String(16), default="reach", server_default="reach")
