@@ -79,6 +79,7 @@ from reach.sdk.running import (
     Runner,
     accepted,
 )
+from reach.sdk.shared_dedup import SharedIdempotencyGuard, is_shared_url
 from reach.sdk.tls import LISTEN_BACKLOG, TLSConfig, TLSHTTPServer
 from reach.sdk.tokens import TokenVerifier
 
@@ -126,7 +127,10 @@ class Agent:
         accept_after: float | None = DEFAULT_ACCEPT_AFTER_S,
     ) -> None:
         """``dedup_store``: a SQLite file that keeps answers across restarts (one process
-        per file), instead of memory; ``dedup``: a guard of your own (bounds included).
+        per file), instead of memory; or a ``redis://`` or ``postgresql://`` URL that every
+        replica of this agent names, so a retry the hub moves to another replica never
+        runs a task's side effect twice (`reach.sdk.shared_dedup`); ``dedup``: a guard of
+        your own (bounds included).
 
         ``api_key`` (default ``$REACH_API_KEY``): this agent's credential, for registration,
         heartbeats and reports, and the default key of reaches sent from its handlers.
@@ -204,6 +208,8 @@ class Agent:
         # Answers kept for redeliveries: bounded in total bytes and in age, not only count.
         if dedup is not None and dedup_store is not None:
             raise ValueError("pass dedup or dedup_store, not both")
+        if dedup is None and is_shared_url(dedup_store):
+            dedup = SharedIdempotencyGuard(str(dedup_store), ttl=dedup_ttl)
         if dedup is None:
             dedup = (
                 SqliteIdempotencyGuard(dedup_store, max_bytes=dedup_max_bytes, ttl=dedup_ttl)
@@ -444,6 +450,8 @@ class Agent:
         self._close_server()
         self.runner.close()
         self._leave_hub()
+        if isinstance(self.dedup, SharedIdempotencyGuard):  # its lease thread and connection
+            self.dedup.close()
 
     def _close_server(self) -> None:
         if self._channel is not None:
