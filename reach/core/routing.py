@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Protocol, TypeAlias
 
 from reach.core.health import InstanceStatus
@@ -127,6 +127,10 @@ class Candidate:
     breaker_opened_at: float = 0.0
     trust_level: str = "L2"  # agents.trust_level: L1 (mTLS), L2 (default), L3 (allow-list)
     protocol: str = "reach"  # instances.protocol: reach (the SDK's POST) or a2a (JSON-RPC)
+    # the agent's declaration of the capability the route's method invokes (its
+    # params_schema and approval flags), None when it declares none: delivery checks the
+    # chosen instance against it (``reach.hub.delivery.routing``)
+    declaration: Mapping[str, Any] | None = field(default=None, compare=False)
 
     @property
     def load(self) -> float:

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
-from typing import Any, Final, Protocol, cast
+from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
 from cachetools import LRUCache
 from sqlalchemy import (
@@ -40,6 +40,7 @@ from reach.core.routing import Candidate, Declaration, RouteFilter, eligibility
 from reach.core.scoring import ProbeWindow
 from reach.errors import (
     RegistrationConflict,
+    RegistryLimit,
     UnknownAgent,
     UnknownInstance,
 )
@@ -52,6 +53,9 @@ from reach.schemas import (
     RegisterRequest,
     RegisterResponse,
 )
+
+if TYPE_CHECKING:
+    from reach.hub.settings import Settings
 
 _LIVE = (InstanceStatus.ONLINE, InstanceStatus.DEGRADED, InstanceStatus.UNREACHABLE)
 _INSTANCES_T = cast(Table, InstanceRow.__table__)
@@ -74,10 +78,32 @@ class AgentFilter:
         object.__setattr__(self, "capability", paging.check_text(self.capability, "capability"))
 
 
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one agent may hold (``reach.hub.settings.RegistrySettings``)."""
+
+    max_instances_per_agent: int = 100
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Limits:
+        r = settings.registry
+        return cls(max_instances_per_agent=r.max_instances_per_agent)
+
+
+DEFAULT_LIMITS = Limits()
+
+
 def register(
-    session: Session, req: RegisterRequest, now: float, policy: Policy
+    session: Session,
+    req: RegisterRequest,
+    now: float,
+    policy: Policy,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> RegisterResponse:
-    """Register (or refresh) one instance of an agent."""
+    """Register (or refresh) one instance of an agent.
+
+    A new instance past ``limits`` (live instances of the agent) is refused with
+    `RegistryLimit`, nothing written."""
     endpoint = parse_endpoint(req.addr)
     public = parse_endpoint(req.public_endpoint) if req.public_endpoint else None
     reachable = public or endpoint
@@ -123,6 +149,15 @@ def register(
         else None
     )
     created = existing is None or existing.status == InstanceStatus.DEREGISTERED
+    if created:
+        held = sum(1 for i in live if i.instance_id != instance_id)
+        if held >= limits.max_instances_per_agent:
+            raise RegistryLimit(
+                f"agent {req.agent_id!r} already has {held} live instances, the most one "
+                f"agent may hold (registry.max_instances_per_agent); deregister one first",
+                limit="max_instances_per_agent",
+                bound=limits.max_instances_per_agent,
+            )
     if existing is not None:
         if existing.agent_id != req.agent_id:
             raise RegistrationConflict(
@@ -419,8 +454,13 @@ def load_offers(
             capabilities=tuple(c["type"] for c in agent.capabilities),
             metadata=tuple(sorted(agent.meta.items())),
         )
-        if eligibility(declared, flt, method or None) is None:
+        eligible = eligibility(declared, flt, method or None)
+        if eligible is None:
             continue
+        invoked = eligible.capability
+        declaration = next(
+            (c for c in agent.capabilities if invoked is not None and c["type"] == invoked), None
+        )
         verdict = current(inst, now, policy)
         # an open breaker takes the instance out of the pool (not merely to the back);
         # once its trial is due, the delivery that picks it must claim the trial, even if
@@ -446,6 +486,7 @@ def load_offers(
             breaker_opened_at=inst.breaker_opened_at or 0.0,
             trust_level=agent.trust_level or "L2",
             protocol=inst.protocol or "reach",
+            declaration=declaration,
         )
         out.append((candidate, agent.capabilities))
     return out
