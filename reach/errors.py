@@ -6,6 +6,7 @@
     │   ├── InvalidRegistration     body or capability declaration rejected
     │   ├── LoopbackAddress         a loopback endpoint without allow_loopback
     │   ├── RegistrationConflict    same agent/instance declared differently
+    │   ├── RegistryLimit           past a bound on what one agent or one key may register
     │   ├── UnknownInstance         heartbeat/deregister for an instance we never saw
     │   ├── InvalidAgentCard        an A2A agent card that is not one the hub can reach
     │   └── AgentCardUnavailable    an A2A agent card that could not be fetched
@@ -144,6 +145,14 @@ class RegistrationConflict(RegistryError):
     slug = "registration-conflict"
     status = 409
     title = "Registration conflict"
+
+
+class RegistryLimit(RegistryError):
+    """A registration past a bound on what one agent or one key may hold (``registry.*``)."""
+
+    slug = "registry-limit"
+    status = 409
+    title = "Registry limit reached"
 
 
 class UnknownInstance(RegistryError):

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from jsonschema import Draft202012Validator, SchemaError
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from reach.core import params_schema
 from reach.core.endpoints import parse_endpoint
 
 AgentId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")]
@@ -33,6 +34,9 @@ def check_json_schema(schema: dict[str, Any], field: str) -> dict[str, Any]:
     except SchemaError as exc:
         where = "/".join(str(p) for p in exc.absolute_path) or "<root>"
         raise ValueError(f"{field} is not a valid JSON Schema at {where}: {exc.message}") from None
+    refused = params_schema.refusal(schema)  # remote references, backtracking patterns
+    if refused is not None:
+        raise ValueError(f"{field} is refused: {refused}")
     return schema
 
 

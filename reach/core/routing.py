@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Protocol, TypeAlias
 
 from reach.core.health import InstanceStatus
@@ -145,6 +145,10 @@ class Candidate:
     current_load: float = 0.0  # the heartbeat's own view: in_flight / max_concurrency
     last_task_duration_ms: float | None = None  # the heartbeat's most recent task
     estimated_latency_ms: float | None = None  # the invoked capability's declaration
+    # the agent's declaration of the capability the route's method invokes (its
+    # params_schema and approval flags), None when it declares none: delivery checks the
+    # chosen instance against it (``reach.hub.delivery.routing``)
+    declaration: Mapping[str, Any] | None = field(default=None, compare=False)
 
     @property
     def load(self) -> float:

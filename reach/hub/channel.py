@@ -174,7 +174,12 @@ def is_channel_endpoint(endpoint: str) -> bool:
 
 
 def register(
-    session: Session, declared: RegisterRequest, endpoint: str, now: float, policy: Policy
+    session: Session,
+    declared: RegisterRequest,
+    endpoint: str,
+    now: float,
+    policy: Policy,
+    limits: registry.Limits = registry.DEFAULT_LIMITS,
 ) -> RegisterResponse:
     """Register (or refresh) a channel instance at ``endpoint``; the prober leaves it be.
 
@@ -213,7 +218,7 @@ def register(
             row.breaker_open_until = None
             row.consecutive_failure_count = 0
         row.breaker_opened_at = now  # evidence from before this socket opens nothing
-    answer = registry.register(session, req, now, policy)
+    answer = registry.register(session, req, now, policy, limits)
     row = session.get(InstanceRow, req.instance_id)
     if row is not None:
         row.next_probe_at = NEVER_PROBE

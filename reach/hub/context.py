@@ -16,7 +16,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from reach.errors import HubUnavailable, ReachError, RegistrationConflict
-from reach.hub import approval_webhook, callbacks
+from reach.hub import approval_webhook, callbacks, registry
 from reach.hub.approvals import ApprovalPolicy
 from reach.hub.clock import Clock, SystemClock
 from reach.hub.delivery.policy import DeliveryPolicy
@@ -72,6 +72,10 @@ class HubContext:
     @cached_property
     def policy(self) -> Policy:
         return Policy.from_settings(self.settings)
+
+    @cached_property
+    def registry_limits(self) -> registry.Limits:
+        return registry.Limits.from_settings(self.settings)
 
     @cached_property
     def approval_policy(self) -> ApprovalPolicy:

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
-from typing import Any, Final, Protocol, cast
+from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
 from cachetools import LRUCache
 from sqlalchemy import (
@@ -40,6 +40,7 @@ from reach.core.routing import Candidate, Declaration, RouteFilter, eligibility
 from reach.core.scoring import ProbeWindow
 from reach.errors import (
     RegistrationConflict,
+    RegistryLimit,
     UnknownAgent,
     UnknownInstance,
 )
@@ -52,6 +53,9 @@ from reach.schemas import (
     RegisterRequest,
     RegisterResponse,
 )
+
+if TYPE_CHECKING:
+    from reach.hub.settings import Settings
 
 _LIVE = (InstanceStatus.ONLINE, InstanceStatus.DEGRADED, InstanceStatus.UNREACHABLE)
 _INSTANCES_T = cast(Table, InstanceRow.__table__)
@@ -74,10 +78,35 @@ class AgentFilter:
         object.__setattr__(self, "capability", paging.check_text(self.capability, "capability"))
 
 
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one agent may hold (``reach.hub.settings.RegistrySettings``)."""
+
+    max_instances_per_agent: int = 100
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Limits:
+        r = settings.registry
+        return cls(max_instances_per_agent=r.max_instances_per_agent)
+
+
+DEFAULT_LIMITS = Limits()
+
+
 def register(
-    session: Session, req: RegisterRequest, now: float, policy: Policy
+    session: Session,
+    req: RegisterRequest,
+    now: float,
+    policy: Policy,
+    limits: Limits = DEFAULT_LIMITS,
+    owner: str | None = None,
 ) -> RegisterResponse:
-    """Register (or refresh) one instance of an agent."""
+    """Register (or refresh) one instance of an agent.
+
+    A new instance past ``limits`` (live instances of the agent) is refused with
+    `RegistryLimit`, nothing written. ``owner`` is the registering API key's id: a new
+    agent is recorded as its own, and an address held by another owner's agent stays
+    that agent's (`_check_endpoint_owner`)."""
     endpoint = parse_endpoint(req.addr)
     public = parse_endpoint(req.public_endpoint) if req.public_endpoint else None
     reachable = public or endpoint
@@ -97,7 +126,7 @@ def register(
     if agent is None:
         values = {"agent_id": req.agent_id, "created_at": now, "updated_at": now}
         values |= {_AGENT_KEYS.get(k, k): v for k, v in declaration.items()}
-        conn.execute(_NEW_AGENT, {**values, "max_queue": req.max_queue})
+        conn.execute(_NEW_AGENT, {**values, "max_queue": req.max_queue, "owner": owner})
         _index_declaration(session, req.agent_id, declaration, new=True)
     elif _declared(agent) != declaration:
         others = [i for i in live if i.instance_id != req.instance_id]
@@ -123,6 +152,15 @@ def register(
         else None
     )
     created = existing is None or existing.status == InstanceStatus.DEREGISTERED
+    if created:
+        held = sum(1 for i in live if i.instance_id != instance_id)
+        if held >= limits.max_instances_per_agent:
+            raise RegistryLimit(
+                f"agent {req.agent_id!r} already has {held} live instances, the most one "
+                f"agent may hold (registry.max_instances_per_agent); deregister one first",
+                limit="max_instances_per_agent",
+                bound=limits.max_instances_per_agent,
+            )
     if existing is not None:
         if existing.agent_id != req.agent_id:
             raise RegistrationConflict(
@@ -137,7 +175,8 @@ def register(
                 "deregister it before moving it",
                 fields=["addr"],
             )
-    _check_endpoint_owner(session, req, instance_id, reachable.url, now, missed_intervals)
+    owner = agent.owner if agent is not None else owner
+    _check_endpoint_owner(session, req, instance_id, reachable.url, now, missed_intervals, owner)
 
     row = existing or InstanceRow(instance_id=instance_id, agent_id=req.agent_id)
     row.endpoint = endpoint_url
@@ -419,8 +458,13 @@ def load_offers(
             capabilities=tuple(c["type"] for c in agent.capabilities),
             metadata=tuple(sorted(agent.meta.items())),
         )
-        if eligibility(declared, flt, method or None) is None:
+        eligible = eligibility(declared, flt, method or None)
+        if eligible is None:
             continue
+        invoked = eligible.capability
+        declaration = next(
+            (c for c in agent.capabilities if invoked is not None and c["type"] == invoked), None
+        )
         verdict = current(inst, now, policy)
         # an open breaker takes the instance out of the pool (not merely to the back);
         # once its trial is due, the delivery that picks it must claim the trial, even if
@@ -450,6 +494,7 @@ def load_offers(
             current_load=inst.current_load or 0.0,
             last_task_duration_ms=inst.last_task_duration_ms,
             estimated_latency_ms=_estimated_latency(agent.capabilities, method),
+            declaration=declaration,
         )
         out.append((candidate, agent.capabilities))
     return out
@@ -764,11 +809,15 @@ def _check_endpoint_owner(
     reachable_url: str,
     now: float,
     missed_intervals: int,
+    owner: str | None = None,
 ) -> None:
-    """One instance per reachable address: a live one of another agent refuses the
-    newcomer; any other there (the same agent restarted, or an instance offline, whose
-    process is gone) is retired, so a dead incarnation does not stay registered beside
-    its successor until retention removes it.
+    """One instance per reachable address: another agent's instance there refuses the
+    newcomer, live or offline (issue 37: a live agent registering at an offline
+    instance's address would deregister the victim, which then found its own address
+    taken), unless both agents belong to the same API key; the same agent's (a restart)
+    is retired, so a dead incarnation does not stay registered beside its successor.
+    An offline instance leaves its address when its agent deregisters it or retention
+    removes it.
 
     Only the instances at that address are read (the endpoint indexes), not the fleet:
     the few columns the rule needs, and a replaced one is marked with a plain UPDATE."""
@@ -777,13 +826,20 @@ def _check_endpoint_owner(
     for other in rows:
         if (other.public_endpoint or other.endpoint) != reachable_url:
             continue
-        if other.agent_id != req.agent_id and (
-            liveness(_facts(other), now, missed_intervals) is not InstanceStatus.OFFLINE
-        ):
-            raise RegistrationConflict(
-                f"{reachable_url} is already registered by live agent {other.agent_id!r}",
-                fields=["addr"],
-            )
+        if other.agent_id != req.agent_id:
+            live = liveness(_facts(other), now, missed_intervals) is not InstanceStatus.OFFLINE
+            if live:
+                raise RegistrationConflict(
+                    f"{reachable_url} is already registered by live agent {other.agent_id!r}",
+                    fields=["addr"],
+                )
+            if owner is None or other.owner != owner:
+                raise RegistrationConflict(
+                    f"{reachable_url} is registered by agent {other.agent_id!r} (offline); "
+                    "it stays that agent's until the agent deregisters it or retention "
+                    "removes it",
+                    fields=["addr"],
+                )
         # same address, new incarnation
         conn.execute(_REPLACED, {"b_id": other.instance_id, "b_now": now})
 
@@ -799,6 +855,10 @@ _AT_ADDRESS = (
         _INSTANCES_T.c.last_heartbeat,
         _INSTANCES_T.c.heartbeat_interval,
         _INSTANCES_T.c.status,
+        select(_AGENTS.c.owner)
+        .where(_AGENTS.c.agent_id == _INSTANCES_T.c.agent_id)
+        .scalar_subquery()
+        .label("owner"),
     )
     .where(
         or_(

@@ -446,6 +446,16 @@ class SecuritySettings(_Section):
     tls: TlsSettings = TlsSettings()
 
 
+class RegistrySettings(_Section):
+    """Bounds on what one agent or one API key may hold in the registry (issue 37): a
+    registration past one is refused (409 ``registry-limit``), so an agent key cannot
+    crowd the fleet, its listings or the routing window."""
+
+    max_instances_per_agent: int = Field(
+        100, ge=1, le=100_000, description="live instances one agent may have registered"
+    )
+
+
 class ApprovalSettings(_Section):
     """The approval gate (``reach.hub.approvals``): which tasks wait for a human, how long.
 
@@ -591,6 +601,7 @@ class Settings(BaseSettings):
     dags: DagSettings = DagSettings()
     beat: BeatSettings = BeatSettings()
     security: SecuritySettings = SecuritySettings()
+    registry: RegistrySettings = RegistrySettings()
     approval: ApprovalSettings = ApprovalSettings()
     sessions: SessionSettings = SessionSettings()
     callbacks: CallbackSettings = CallbackSettings()

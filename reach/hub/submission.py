@@ -11,17 +11,15 @@ publishes what commit left behind.
 
 from __future__ import annotations
 
-import json
 import math
 import uuid
 from functools import lru_cache
 from typing import Any, cast
 
-from jsonschema import Draft202012Validator
 from sqlalchemy import Table, insert, select
 from sqlalchemy.orm import Session
 
-from reach.core import matching
+from reach.core import matching, params_schema
 from reach.core.breaker import BreakerState
 from reach.core.breaker import state as breaker_state
 from reach.core.routing import Declaration, RouteFilter, eligibility
@@ -292,7 +290,8 @@ def _check_target(
     agents: dict[str, Any] = {}
     breakers: dict[str, list[float | None]] = {}
     # plain rows (a Core statement, built once per filter shape): no ORM objects
-    for agent in session.connection().execute(*_targets(flt, method)):
+    window = session.connection().execute(*_targets(flt, method)).all()
+    for agent in window:
         agents[agent.agent_id] = agent
         held = breakers.setdefault(agent.agent_id, [])
         # an offline instance (a dead incarnation, kept for a while) takes no work now: it
@@ -300,6 +299,12 @@ def _check_target(
         # one whose own breaker is open still counts as open
         if agent.status != InstanceStatus.OFFLINE.value or _is_open(agent.breaker_open_until, now):
             held.append(agent.breaker_open_until)
+    if len(window) >= CANDIDATE_LIMIT:
+        # the window is full: agents whose instances all sort past it are judged too, so
+        # the approval gate and the schema see every eligible agent (issue 37: an agent key
+        # that registers a thousand instances must not push a gated agent out of sight)
+        for agent in session.connection().execute(*_eligible_agents(flt, method)):
+            agents.setdefault(agent.agent_id, agent)
     schema_errors: list[str] = []
     matched: list[str] = []
     decls: dict[str, dict[str, Any] | None] = {}
@@ -316,7 +321,7 @@ def _check_target(
             continue
         if found.capability is not None:
             schema = types[found.capability].get("params_schema") or {}
-            error = _schema_error(schema, req.payload)
+            error = params_schema.payload_error(schema, req.payload)
             if error:
                 schema_errors.append(f"{agent.agent_id}: {error}")
                 continue
@@ -325,7 +330,8 @@ def _check_target(
     if matched:
         trusts = {a: agents[a].trust_level for a in matched}
         matched = _screen(session, req, method, trusts, now, task_id, caller, l3_cap)
-        _check_breakers(matched, [(a, u) for a in matched for u in breakers[a]], now)
+        rows = [(a, u) for a in matched for u in breakers.get(a, ())]
+        _check_breakers(matched, rows, now)
         return {a: decls[a] for a in matched}
     if schema_errors:
         raise InvalidPayload(
@@ -446,6 +452,29 @@ def _targets_statement(shape: PrefilterShape, limit: int) -> Any:
     )
 
 
+def _eligible_agents(flt: RouteFilter, method: str | None) -> tuple[Any, dict[str, Any]]:
+    """Every agent with a registered instance that may be eligible (no window): the
+    statement and its parameters."""
+    return _agents_statement(shape_of(flt, method)), prefilter_params(flt, method)
+
+
+@lru_cache(maxsize=64)
+def _agents_statement(shape: PrefilterShape) -> Any:
+    agents, instances = cast(Table, AgentRow.__table__), cast(Table, InstanceRow.__table__)
+    registered = (
+        select(instances.c.agent_id)
+        .where(instances.c.status != InstanceStatus.DEREGISTERED.value)
+        .where(*prefilter_conditions(shape))
+    )
+    return select(
+        agents.c.agent_id,
+        agents.c.tags,
+        agents.c.capabilities,
+        agents.c["metadata"].label("meta"),
+        agents.c.trust_level,
+    ).where(agents.c.agent_id.in_(registered))
+
+
 def _is_open(until: float | None, now: float) -> bool:
     return until is not None and breaker_state(until, now) is BreakerState.OPEN
 
@@ -466,18 +495,3 @@ def _check_breakers(agent_ids: list[str], rows: list[tuple[str, float | None]], 
         next_trial_at=next_trial,
         retry_after=max(1, math.ceil(next_trial - now)),
     )
-
-
-@lru_cache(maxsize=256)
-def _validator(schema_json: str) -> Draft202012Validator:
-    """Compiled once per distinct schema: building a validator costs more than using it."""
-    return Draft202012Validator(json.loads(schema_json))
-
-
-def _schema_error(schema: dict[str, Any], payload: Any) -> str | None:
-    validator = _validator(json.dumps(schema, sort_keys=True))
-    error = next(iter(validator.iter_errors(payload)), None)
-    if error is None:
-        return None
-    where = "/".join(str(p) for p in error.absolute_path) or "<payload>"
-    return f"{where}: {error.message}"

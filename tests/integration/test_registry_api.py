@@ -450,8 +450,8 @@ def test_a_new_incarnation_retires_an_offline_one_at_its_address(
     client: TestClient, engine: Engine, clock: ManualClock, agent_id: str
 ) -> None:
     # an instance swept offline (its process died), then a new one at the same address:
-    # the same agent restarted, or another agent took the port. Either way the address
-    # has one instance; the dead one is retired, not left registered beside it
+    # the same agent restarted, and the dead one is retired, not left registered beside
+    # it. Another agent is refused: the address stays the offline agent's (issue 37)
     from reach.hub import monitoring
     from reach.hub.monitoring import Policy
     from reach.hub.settings import Settings
@@ -465,7 +465,13 @@ def test_a_new_incarnation_retires_an_offline_one_at_its_address(
     body = reg(
         agent_id, instance_id="new", **({} if agent_id == "doc-analyzer-01" else {"tags": []})
     )
-    assert client.post("/v1/agents/register", json=body).status_code == 201
+    r = client.post("/v1/agents/register", json=body)
+    if agent_id == "someone-else":
+        assert r.status_code == 409, r.text
+        assert r.json()["type"] == TYPE + "registration-conflict"
+        assert _instance_row(engine, "old")["status"] == "offline"
+        return
+    assert r.status_code == 201, r.text
     old = _instance_row(engine, "old")
     assert (old["status"], old["status_changed_at"]) == ("deregistered", clock.now())
     offline = client.get("/api/v1/agents", params={"status": "offline"}).json()["agents"]

@@ -225,8 +225,11 @@ def main() -> None:
     parser.add_argument("--max-concurrency", type=int, default=32)
     parser.add_argument("--heartbeat-interval", type=float, default=0.5)
     parser.add_argument("--require-approval", action="store_true")  # a dangerous capability
+    parser.add_argument("--tag", action="append", default=[])
+    parser.add_argument("--params-schema", default='{"type": "object"}', help="JSON")
     args = parser.parse_args()
-    capability: dict[str, Any] = {"type": args.method, "params_schema": {"type": "object"}}
+    schema = json.loads(args.params_schema)
+    capability: dict[str, Any] = {"type": args.method, "params_schema": schema}
     if args.require_approval:
         capability.update(require_approval=True, danger_level="high")
 
@@ -238,6 +241,7 @@ def main() -> None:
         instance_id=args.instance_id,
         allow_loopback=True,
         capabilities=[capability],
+        tags=args.tag,
         max_concurrency=args.max_concurrency,
         heartbeat_interval=args.heartbeat_interval,
         hub=args.hub,

@@ -45,6 +45,7 @@ EXPECTED_ALL = [
     "ReachError",
     "RegistrationConflict",
     "RegistryError",
+    "RegistryLimit",
     "ResultTimeout",
     "RoutingError",
     "SecurityError",

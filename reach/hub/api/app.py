@@ -163,7 +163,10 @@ def _agent_router(ctx: HubContext) -> APIRouter:
     )
     def register(body: RegisterRequest, request: Request, principal: ActsAsAgent) -> JSONResponse:
         demand_agent(request, principal, body.agent_id, Action.ACT_AS_AGENT)
-        result = ctx.write(lambda s: registry.register(s, body, ctx.clock.now(), ctx.policy))
+        limits, now, owner = ctx.registry_limits, ctx.clock.now, principal.key_id
+        result = ctx.write(
+            lambda s: registry.register(s, body, now(), ctx.policy, limits, owner=owner)
+        )
         # the capability vectors, computed apart (the registration never waits for a model)
         ctx.matcher.registered(body.agent_id, bool(body.capabilities))
         return JSONResponse(result.model_dump(), status_code=201 if result.created else 200)

@@ -32,6 +32,7 @@ class DeliveryPolicy:
     l3_max_payload_bytes: int = 65_536  # the payload cap of reaches to or from an L3 agent
     retry_budget: RetryBudget = field(default_factory=RetryBudget)  # re-sends per target
     priority: PriorityPolicy = field(default_factory=PriorityPolicy)  # background yields
+    approval_patterns: tuple[str, ...] = ()  # approval.capabilities: gated whoever declares
 
     @classmethod
     def from_settings(cls, settings: Settings) -> DeliveryPolicy:
@@ -65,6 +66,7 @@ class DeliveryPolicy:
                 defer_s=r.background_defer_s,
                 max_wait_s=r.background_max_wait_s,
             ),
+            approval_patterns=tuple(settings.approval.capabilities),
         )
 
     def exchange_timeout_ms(self, timeout_ms: int) -> float:

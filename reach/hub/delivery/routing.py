@@ -13,11 +13,15 @@ import random
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from reach.core import params_schema
+from reach.core.approvals import needs_approval
 from reach.core.breaker import recovery_share
 from reach.core.channel import shown_endpoint
 from reach.core.routing import Candidate, RouteFilter, choose_excluding
+from reach.core.statuses import ApprovalStatus
 from reach.core.trust import is_l3
 from reach.errors import NoSuitableAgent
 from reach.hub import breakers as breaker_store
@@ -29,7 +33,7 @@ from reach.hub.delivery.claims import ASSIGN, Claimed
 from reach.hub.delivery.policy import DeliveryPolicy
 from reach.hub.ledger import Publish, defer_attempt, insert_event, load_for_update, schedule_retry
 from reach.hub.monitoring import Policy
-from reach.hub.storage.models import TaskRow
+from reach.hub.storage.models import ApprovalRow, TaskRow
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,11 +117,15 @@ def route(
         else c
         for c in found
     ]
+    gate = _Gate(session, task, flt, dpolicy)
     while True:
         try:
             chosen = choose_excluding(found, flt, rng, exclude)
         except NoSuitableAgent as exc:
-            return exc.detail
+            return gate.explain(exc.detail)
+        if not gate.admits(chosen):  # its capability's schema or approval says no
+            found = [c for c in found if c.instance_id != chosen.instance_id]
+            continue
         ticket = breaker_store.ticket_for(session, chosen, now, dpolicy.breaker)
         if ticket is not None:
             break
@@ -179,6 +187,47 @@ def route(
         peer=peer_of(session, chosen.instance_id) if chosen.protocol == PROTOCOL_A2A else None,
         max_concurrency=chosen.max_concurrency,
     )
+
+
+class _Gate:
+    """The capability's own gate, asked of the instance routing chose (issue 37): the
+    payload must satisfy that agent's ``params_schema``, and a capability that needs a
+    human decision is delivered only for a task whose approval was granted. Submit
+    parks a task when any eligible agent needs approval, but what delivery may choose
+    is decided by the second: this is the check that holds whatever submit saw."""
+
+    def __init__(
+        self, session: Session, task: Claimed, flt: RouteFilter, dpolicy: DeliveryPolicy
+    ) -> None:
+        self._session = session
+        self._task = task
+        self._flt = flt
+        self._patterns = dpolicy.approval_patterns
+        self._approved: bool | None = None  # read once, only when a gated one is chosen
+        self.refused: list[str] = []
+
+    def admits(self, chosen: Candidate) -> bool:
+        task, decl = self._task, chosen.declaration
+        if decl is not None:
+            error = params_schema.payload_error(decl.get("params_schema") or {}, task.payload)
+            if error is not None:
+                self.refused.append(f"{chosen.agent_id}: payload fails its params_schema")
+                return False
+        if needs_approval(decl, task.method, self._flt.capability, self._patterns):
+            if self._approved is None:
+                status = self._session.scalar(
+                    select(ApprovalRow.status).where(ApprovalRow.task_id == task.task_id)
+                )
+                self._approved = status == ApprovalStatus.APPROVED
+            if not self._approved:
+                self.refused.append(f"{chosen.agent_id}: needs an approval this task lacks")
+                return False
+        return True
+
+    def explain(self, detail: str) -> str:
+        if not self.refused:
+            return detail
+        return f"{detail}; refused at delivery: {'; '.join(sorted(set(self.refused)))}"
 
 
 def wait_for_budget(

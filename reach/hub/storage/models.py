@@ -67,6 +67,9 @@ class AgentRow(Base):
     # router's ``max_queue``
     max_queue: Mapped[int | None] = mapped_column(Integer, nullable=True)
     max_queue_override: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # the API key (its key_id) that first registered the agent; None: an open hub's, or
+    # registered before owners were kept. What one key holds is bounded by it.
+    owner: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
 
 
 class AgentTagRow(Base):

@@ -115,6 +115,13 @@ export class RegistrationConflict extends RegistryError {
   static override readonly title: string = "Registration conflict";
 }
 
+/** A registration past a bound on what one agent or one key may hold. */
+export class RegistryLimit extends RegistryError {
+  static override readonly slug: string = "registry-limit";
+  static override readonly defaultStatus: number = 409;
+  static override readonly title: string = "Registry limit reached";
+}
+
 /** The instance named is not registered (or was deregistered). */
 export class UnknownInstance extends RegistryError {
   static override readonly slug: string = "unknown-instance";
@@ -485,6 +492,7 @@ export const ERROR_CLASSES: readonly (typeof ReachError)[] = [
   InvalidRegistration,
   LoopbackAddress,
   RegistrationConflict,
+  RegistryLimit,
   UnknownInstance,
   InvalidAgentCard,
   AgentCardUnavailable,
