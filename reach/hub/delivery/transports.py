@@ -195,7 +195,7 @@ class AgentHttp:
     async def post_mtls(
         self,
         url: str,
-        body: dict[str, Any],
+        body: dict[str, Any] | bytes,
         connect_timeout: float,
         timeout: float,
         headers: dict[str, str] | None = None,
@@ -490,7 +490,7 @@ class AgentTransport:
     async def apost(
         self,
         url: str,
-        body: dict[str, Any],
+        body: dict[str, Any] | bytes,
         connect_timeout: float,
         timeout: float,
         headers: dict[str, str] | None = None,
