@@ -147,6 +147,15 @@ def may_read_task(principal: Principal, caller: str | None, agent_id: str | None
     )
 
 
+def may_cancel_task(principal: Principal, caller: str | None) -> bool:
+    """Cancel a task submitted by ``caller`` (and so withdraw its approval request): its
+    submitter, or an admin. Reading is not enough: an agent reads the tasks routed to it,
+    and a viewer every task, and neither may end a caller's task."""
+    if principal.scope is Scope.ADMIN:
+        return True
+    return caller is not None and _same_submitter(principal, caller)
+
+
 def _same_submitter(principal: Principal, caller: str) -> bool:
     if caller == principal.identity or (
         principal.key_id is not None and caller == f"key:{principal.key_id}"

@@ -2,11 +2,12 @@
 
 An agent the hub cannot dial holds a WebSocket to the hub instead; every message on it is
 one JSON object with a ``type``. From the hub: ``welcome`` (the channel is registered),
-``deliver`` (one attempt of a task: ``task_id``, ``attempt_seq``, ``method``, ``body`` and
-the reach token as ``authorization``), ``ping`` and ``error``. From the agent: ``hello``
-(the first frame: its declaration), ``ack`` (a delivery arrived), ``result`` (its answer:
-the ``status`` and ``body`` an HTTP agent would have answered), ``pong`` and
-``heartbeat`` (its load, as the HTTP heartbeat carries it).
+``deliver`` (one attempt of a task: ``task_id``, ``attempt_seq``, ``method``, ``raw`` -- the
+delivery body's exact bytes as the worker posted them, base64: the reach token binds their
+digest -- and the reach token as ``authorization``), ``ping`` and ``error``. From the
+agent: ``hello`` (the first frame: its declaration), ``ack`` (a delivery arrived),
+``result`` (its answer: the ``status`` and ``body`` an HTTP agent would have answered),
+``pong`` and ``heartbeat`` (its load, as the HTTP heartbeat carries it).
 
 `parse` is the one gate: a frame that is not a JSON object of a known type with the fields
 that type needs, or that is larger than allowed, is a `FrameError`; the hub then closes the
@@ -75,9 +76,9 @@ def parse(raw: str | bytes, allowed: frozenset[str], max_bytes: int = MAX_FRAME_
         if not isinstance(body, dict):
             raise FrameError("result frame needs body (a JSON object)")
     if kind == "deliver" and (
-        not isinstance(data.get("method"), str) or not isinstance(data.get("body"), dict)
+        not isinstance(data.get("method"), str) or not isinstance(data.get("raw"), str)
     ):
-        raise FrameError("deliver frame needs method (string) and body (object)")
+        raise FrameError("deliver frame needs method (string) and raw (the body, base64)")
     if kind == "hello" and not isinstance(data.get("register"), dict):
         raise FrameError("hello frame needs register (the agent's declaration)")
     if kind == "pong" and not isinstance(data.get("id"), int):

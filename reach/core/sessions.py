@@ -4,9 +4,13 @@ heartbeat header that tells an agent its in-flight work lost its session.
 
 Pure: ``reach.hub.sessions`` reads and writes the rows and asks these functions.
 
-A session that was never opened (no row) is implicitly open, so a send with any
-``session_id`` keeps working; closing is final (an expired TTL is final too), and a
-closed session's pending and parked reaches are cancelled while in-flight ones are told.
+A session belongs to a key: the one that opened it, or the one whose reach first named
+it (a send with a new ``session_id`` opens it implicitly, with no TTL, owned by the
+sender). Only its owner (or an admin) may open, close or bind reaches to it; an agent
+handling one of its reaches may bind its own onward reaches to it (a handler's reach
+inherits its session). So another caller can neither close a session whose reaches are
+not its own nor slip reaches into it. Closing is final (an expired TTL is final too), and
+a closed session's pending and parked reaches are cancelled while in-flight ones are told.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ __all__ = [
     "SessionState",
     "expiry",
     "format_closed",
+    "may_bind",
     "may_manage",
     "may_read",
     "parse_closed",
@@ -109,6 +114,15 @@ def may_manage(principal: Principal, owner: str | None) -> bool:
         and principal.scope is not Scope.VIEWER
         and may_read_task(principal, owner, None)
     )
+
+
+def may_bind(principal: Principal, owner: str | None, handling: Iterable[str] = ()) -> bool:
+    """Bind a new reach to the session ``owner`` holds: whoever may manage it, or an agent
+    key that speaks for an agent now handling one of its reaches (``handling``: the agents
+    of its in-flight reaches), whose handler's onward reaches inherit the session."""
+    if may_manage(principal, owner):
+        return True
+    return principal.scope is Scope.AGENT and any(principal.matches_agent(a) for a in handling)
 
 
 def may_read(principal: Principal, owner: str | None, agents: Iterable[str] = ()) -> bool:

@@ -8,8 +8,16 @@ A reach token is a JWT the hub signs (EdDSA, Ed25519) for one attempt of one tas
                  ``anonymous`` on an open hub)
             aud  the target agent ID: the token is worth nothing to any other agent
             task_id, attempt_seq   the delivery it rides on
+            method                 the method it is posted to (``/tasks/<method>``)
+            body_sha256            hex sha256 of the exact bytes of the delivery's body (its
+                                   payload, task_id, attempt_seq, deadline, trace ...)
             iat, exp               issued at, expires at (at most 15 minutes later)
             jti                    unique: an agent accepts a token once
+
+The last two bind the token to the request: a token captured on the way (from a log, a
+proxy, another instance of the same agent, whose seen-``jti`` cache is its own) cannot
+carry another payload or reach another method. The body's bytes are hashed as they
+travel, never a re-serialisation of them, so an agent checks exactly what it got.
 
 Tokens are never forwarded: a reach from inside a handler authenticates with the agent's
 own credential and the hub mints a new token for that hop (``sub`` = the agent).
@@ -21,6 +29,8 @@ and the jti are arguments, so the rules are table-tested.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -34,7 +44,14 @@ MAX_TTL_S = 900
 DEFAULT_LEEWAY_S = 30.0
 """Clock skew an agent tolerates between its clock and the hub's."""
 
-REQUIRED = ("iss", "sub", "aud", "task_id", "attempt_seq", "iat", "exp", "jti")
+REQUIRED = (
+    "iss", "sub", "aud", "task_id", "attempt_seq", "method", "body_sha256", "iat", "exp", "jti",
+)  # fmt: skip
+
+
+def body_digest(raw: bytes) -> str:
+    """The ``body_sha256`` of a delivery body: hex sha256 of its exact bytes."""
+    return hashlib.sha256(raw).hexdigest()
 
 
 def claims_for(
@@ -46,8 +63,12 @@ def claims_for(
     now: float,
     ttl_s: float,
     jti: str,
+    *,
+    method: str,
+    body_sha256: str,
 ) -> dict[str, Any]:
-    """The claims of the token for one attempt; its lifetime is capped at `MAX_TTL_S`."""
+    """The claims of the token for one attempt, bound to the method it is posted to and
+    the digest of its body (`body_digest`); its lifetime is capped at `MAX_TTL_S`."""
     if ttl_s <= 0:
         raise ValueError(f"ttl_s: must be > 0, got {ttl_s!r}")
     iat = int(now)
@@ -57,6 +78,8 @@ def claims_for(
         "aud": audience,
         "task_id": task_id,
         "attempt_seq": attempt_seq,
+        "method": method,
+        "body_sha256": body_sha256,
         "iat": iat,
         "exp": iat + max(1, int(min(ttl_s, MAX_TTL_S))),
         "jti": jti,
@@ -70,19 +93,23 @@ def check_claims(
     now: float,
     leeway: float = DEFAULT_LEEWAY_S,
     *,
-    attempt_seq: object = None,
+    attempt_seq: object,
+    method: str,
+    body_sha256: str,
     issuer: str | None = None,
 ) -> str | None:
     """Why an agent refuses a token with these (signature-checked) claims, or None.
 
-    ``task_id`` and ``attempt_seq`` are the delivery body's (``attempt_seq`` None: the
-    body names none, so it is not compared); ``issuer`` None accepts any issuer (the
-    signature already proves the token is the hub's). Reasons never quote the token.
+    ``task_id`` and ``attempt_seq`` are the delivery body's (a body without an integer
+    ``attempt_seq`` is refused: the attempt is part of what a token is good for);
+    ``method`` is the one the delivery was posted to and ``body_sha256`` the
+    `body_digest` of the body's bytes as received; ``issuer`` None accepts any issuer
+    (the signature already proves the token is the hub's). Reasons never quote the token.
     """
     missing = [name for name in REQUIRED if name not in claims]
     if missing:
         return f"token lacks claims: {', '.join(missing)}"
-    for name in ("iss", "sub", "task_id", "jti"):
+    for name in ("iss", "sub", "task_id", "method", "body_sha256", "jti"):
         if not isinstance(claims[name], str) or not claims[name]:
             return f"token claim {name} is not a non-empty string"
     for name in ("iat", "exp"):
@@ -105,8 +132,14 @@ def check_claims(
         return "token expired"
     if claims["task_id"] != task_id:
         return "token is for another task"
-    if attempt_seq is not None and claims["attempt_seq"] != attempt_seq:
+    if not _is_int(attempt_seq):
+        return "delivery body names no attempt_seq (an integer): the token cannot be matched"
+    if claims["attempt_seq"] != attempt_seq:
         return "token is for another attempt"
+    if claims["method"] != method:
+        return "token is for another method"
+    if not hmac.compare_digest(str(claims["body_sha256"]).encode(), body_sha256.encode()):
+        return "token was signed for another body: the delivery's payload or fields differ"
     return None
 
 

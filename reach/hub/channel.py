@@ -23,6 +23,7 @@ offline after the usual missed intervals.
 from __future__ import annotations
 
 import asyncio
+import base64
 import hmac
 import logging
 import secrets
@@ -80,11 +81,13 @@ class Channel:
         task_id: str,
         attempt_seq: int,
         method: str,
-        body: dict[str, Any],
+        raw: bytes,
         authorization: str | None,
         timeout: float,
     ) -> tuple[int, dict[str, Any]] | None:
-        """Send one attempt and wait for the agent's answer; None if none came in time."""
+        """Send one attempt and wait for the agent's answer; None if none came in time.
+        ``raw`` is the delivery body's bytes as the worker posted them: they travel as
+        they are (base64), since the reach token binds their digest."""
         if self.closed:
             raise NotHere
         loop = asyncio.get_running_loop()
@@ -98,7 +101,7 @@ class Channel:
                 task_id=task_id,
                 attempt_seq=attempt_seq,
                 method=method,
-                body=body,
+                raw=base64.b64encode(raw).decode(),
                 authorization=authorization,
             )
             deadline = loop.time() + timeout

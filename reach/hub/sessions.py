@@ -16,13 +16,15 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from sqlalchemy import Table, bindparam, func, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from reach.core import sessions as rules
-from reach.core.auth import Principal
+from reach.core.auth import Principal, Scope
 from reach.core.sessions import CANCELLED_ON_CLOSE, IN_FLIGHT, SessionState
 from reach.core.statuses import TaskStatus
-from reach.errors import SessionClosed, UnknownSession
+from reach.errors import Forbidden, SessionClosed, UnknownSession
 from reach.hub import approvals
 from reach.hub.ledger import finish, record_event
 from reach.hub.storage.models import SessionRow, TaskRow
@@ -30,6 +32,7 @@ from reach.hub.storage.models import SessionRow, TaskRow
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "bind",
     "cancel_if_closed",
     "check_open",
     "close",
@@ -48,6 +51,75 @@ counts it: ``reach.hub.api.auth.not_yours``)."""
 
 def _quiet(what: str) -> None:
     log.warning("%s is not visible to this key", what)
+
+
+def bind(session: Session, session_id: str | None, principal: Principal, now: float) -> None:
+    """Let ``principal`` bind a new reach to ``session_id``: a session it does not own is
+    refused (`Forbidden`), a closed or expired one too (`SessionClosed`); an unknown one is
+    opened here, owned by ``principal``, with no TTL (so no other key can close it under
+    the reaches it sends). One primary-key read for a known session; none without one."""
+    if session_id is None:
+        return
+    row = session.get(SessionRow, session_id)
+    if row is None:
+        row = _claimed(session, session_id, principal, now)
+        if row is None:
+            return  # opened now, ours
+    if not rules.may_manage(principal, row.owner):
+        handling = (
+            _agents_of(session, session_id, IN_FLIGHT) if principal.scope is Scope.AGENT else []
+        )
+        if not rules.may_bind(principal, row.owner, handling):
+            raise Forbidden(
+                f"session {session_id!r} belongs to another key: a reach may be bound only "
+                "to a session its key opened (or first sent a reach in)",
+                session_id=session_id,
+            )
+    state = rules.state_of(row.status, row.expires_at, now)
+    if not state.alive:
+        raise _closed(session_id, state, row)
+
+
+def _claimed(
+    session: Session, session_id: str, principal: Principal, now: float
+) -> SessionRow | None:
+    """Open the unknown session ``session_id`` for ``principal`` (None: done), or the row
+    a concurrent first reach of another key created meanwhile."""
+    postgres = session.get_bind().dialect.name == "postgresql"
+    insert = pg_insert if postgres else sqlite_insert
+    created = session.execute(
+        insert(SessionRow)
+        .values(
+            session_id=session_id,
+            status=rules.OPEN,
+            owner=principal.identity,
+            opened_at=now,
+            expires_at=None,
+        )
+        .on_conflict_do_nothing(index_elements=["session_id"])
+    )
+    if getattr(created, "rowcount", 0) == 1:
+        return None
+    return session.scalars(
+        select(SessionRow)
+        .where(SessionRow.session_id == session_id)
+        .execution_options(populate_existing=True)
+    ).one()
+
+
+def _agents_of(session: Session, session_id: str, statuses: frozenset[str]) -> list[str]:
+    """The agents the session's reaches in ``statuses`` were routed to (at most 100)."""
+    found = session.scalars(
+        select(TaskRow.agent_id)
+        .where(
+            TaskRow.session_id == session_id,
+            TaskRow.status.in_(sorted(statuses)),
+            TaskRow.agent_id.is_not(None),
+        )
+        .distinct()
+        .limit(100)
+    ).all()
+    return [a for a in found if a]
 
 
 def check_open(session: Session, session_id: str | None, now: float) -> None:
@@ -114,6 +186,14 @@ def close(
     raced the first close is caught) and keeps the first close's who and why."""
     row = _locked(session, session_id)
     if row is None:
+        # reaches sent before sessions were opened on first use name no row: they are
+        # still their callers', not whoever closes first
+        callers = session.scalars(
+            select(TaskRow.caller).where(TaskRow.session_id == session_id).distinct().limit(100)
+        ).all()
+        if any(not rules.may_manage(principal, c) for c in callers):
+            not_yours(f"session {session_id!r}")
+            raise _unknown(session_id)
         row = SessionRow(
             session_id=session_id,
             status=rules.CLOSED,

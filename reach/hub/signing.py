@@ -35,7 +35,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import delete, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from reach.core.tokens import ALGORITHM, DEFAULT_LEEWAY_S, MAX_TTL_S, claims_for
+from reach.core.tokens import ALGORITHM, DEFAULT_LEEWAY_S, MAX_TTL_S, body_digest, claims_for
 from reach.hub.storage.engine import advisory_xact_lock
 from reach.hub.storage.models import SigningKeyRow
 
@@ -157,13 +157,22 @@ class Signer:
         self._lock = threading.Lock()
 
     def mint(
-        self, *, subject: str, audience: str, task_id: str, attempt_seq: int, now: float
+        self,
+        *,
+        subject: str,
+        audience: str,
+        task_id: str,
+        attempt_seq: int,
+        method: str,
+        body: bytes,
+        now: float,
     ) -> str:
-        """The token of one attempt: ``sub`` the caller, ``aud`` the target agent."""
+        """The token of one attempt: ``sub`` the caller, ``aud`` the target agent, bound to
+        the ``method`` it is posted to and the exact ``body`` bytes it is posted with."""
         kid, key = self._key(now)
         claims = claims_for(
             self.issuer, subject, audience, task_id, attempt_seq, now, self.ttl_s,
-            uuid.uuid4().hex,
+            uuid.uuid4().hex, method=method, body_sha256=body_digest(body),
         )  # fmt: skip
         return jwt.encode(claims, key, algorithm=ALGORITHM, headers={"kid": kid})
 

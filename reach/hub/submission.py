@@ -20,6 +20,7 @@ from sqlalchemy import Table, insert, select
 from sqlalchemy.orm import Session
 
 from reach.core import matching, params_schema
+from reach.core.auth import Principal
 from reach.core.breaker import BreakerState
 from reach.core.breaker import state as breaker_state
 from reach.core.routing import Declaration, RouteFilter, eligibility
@@ -44,6 +45,7 @@ from reach.hub.registry import (
     prefilter_params,
     shape_of,
 )
+from reach.hub.sessions import bind as bind_session
 from reach.hub.sessions import check_open as check_session_open
 from reach.hub.storage.models import AgentRow, InstanceRow, OutboxRow, TaskEventRow, TaskRow
 from reach.schemas import SubmitRequest
@@ -87,6 +89,7 @@ def submit(
     published_at: float | None = None,
     look_first: bool = True,
     caller: str | None = None,
+    principal: Principal | None = None,
     l3_cap: int = trust.DEFAULT_L3_CAP,
     approval: approvals.ApprovalPolicy = approvals.DEFAULT_POLICY,
     limits: admission.Limits = admission.DEFAULT_LIMITS,
@@ -104,6 +107,10 @@ def submit(
     ``caller`` is the authenticated identity submitting it (`Principal.identity`), never
     a field of the request: only the same identity may resubmit a task_id and be given
     the task; anyone else is told the id is taken, as for a different task.
+    ``principal`` (the API's submits: ``caller`` is its identity) binds the task's
+    session under its owner's rules (`reach.hub.sessions.bind`: another key's session is
+    `Forbidden`, an unknown one is opened, owned by it); without one, a closed session is
+    refused and nothing more.
 
     A reach to or from an L3 agent passes its screen (`reach.hub.trust`, with ``l3_cap``
     the payload cap): a refusal (`Forbidden`, `RequestTooLarge`) is raised before anything
@@ -145,7 +152,10 @@ def submit(
                 )
             return task_view(existing), False
     task_id = req.task_id or f"t-{uuid.uuid4().hex}"
-    check_session_open(session, req.session_id, now)  # a closed session takes no new reach
+    if principal is not None:  # only its owner's reaches; opened on first use
+        bind_session(session, req.session_id, principal, now)
+    else:
+        check_session_open(session, req.session_id, now)  # a closed session takes no new reach
     accepted: dict[str, Any] = {}
     if req.intent is not None:
         req, accepted = _match(session, req, now, matcher)

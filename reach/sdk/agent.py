@@ -471,14 +471,16 @@ class Agent:
 
     # -- execution ------------------------------------------------------------------------
     def admit(
-        self, body: Mapping[str, Any], authorization: str | None
+        self, body: Mapping[str, Any], authorization: str | None, *, method: str, raw: bytes
     ) -> tuple[int, dict[str, Any]] | None:
         """Check a delivery's reach token (``Authorization`` header) before `invoke`: None
         to go on, else the answer to give instead (401, or 503 when it cannot be checked
-        yet). Nothing of the delivery is remembered when it is refused."""
+        yet). ``raw`` is the body's bytes as received (``body`` parsed from them) and
+        ``method`` the one it was posted to: the token binds both. Nothing of the
+        delivery is remembered when it is refused."""
         if self.tokens is None:
             return None
-        refusal = self.tokens.check(authorization, body)
+        refusal = self.tokens.check(authorization, body, method=method, raw=raw)
         if refusal is None:
             return None
         log.warning(

@@ -17,6 +17,7 @@ fleet whose hub restarts does not come back in one wave. Frames are JSON
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import random
@@ -224,13 +225,25 @@ class AgentChannel:
 
     def _run_delivery(self, conn: ClientConnection, data: Mapping[str, Any]) -> None:
         task_id, seq = str(data["task_id"]), int(data["attempt_seq"])
-        body: dict[str, Any] = dict(data["body"])
+        method = str(data["method"])
         authorization = data.get("authorization")
         try:
-            refused = self.agent.admit(
-                body, authorization if isinstance(authorization, str) else None
-            )
-            status, reply = refused or self.agent.invoke(str(data["method"]), body)
+            # the body's bytes as the worker posted them: the token binds their digest
+            raw = base64.b64decode(str(data["raw"]), validate=True)
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        try:
+            if not isinstance(body, dict):
+                status, reply = 400, {"code": 400, "message": "delivery body is not a JSON object"}
+            else:
+                refused = self.agent.admit(
+                    body,
+                    authorization if isinstance(authorization, str) else None,
+                    method=method,
+                    raw=raw,
+                )
+                status, reply = refused or self.agent.invoke(method, body)
         except Exception as exc:  # invoke answers handler failures itself; this is a bug
             log.exception("delivery of %s failed in the SDK", task_id)
             status, reply = 500, {"code": -1, "message": f"{type(exc).__name__}: {exc}"}

@@ -70,7 +70,7 @@ class TaskCall:
             return _refused(400, "body is not JSON")
         if not isinstance(body, dict):
             return _refused(400, "body must be a JSON object")
-        refused = self.agent.admit(body, self.authorization)
+        refused = self.agent.admit(body, self.authorization, method=self.method, raw=raw)
         if refused is not None:
             return Reply(*refused)
         return body

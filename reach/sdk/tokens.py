@@ -3,8 +3,9 @@
 The hub signs a token into each delivery (``reach.core.tokens``). `TokenVerifier` checks
 it: the signature against the hub's published keys (EdDSA only: never ``none``, never an
 HS* secret guessed from a public key), then the claims (``aud`` is this agent, not
-expired, ``task_id`` and ``attempt_seq`` are the body's), then that its ``jti`` was never
-seen. A refusal is the answer the agent gives instead of running the handler:
+expired, ``task_id`` and ``attempt_seq`` are the body's, ``method`` the one posted to,
+``body_sha256`` the digest of the body's bytes as received), then that its ``jti`` was
+never seen. A refusal is the answer the agent gives instead of running the handler:
 
 * 401: the token is missing, forged, expired, replayed or not for this delivery; the hub
   records the task as failed with the reason (a new attempt would be refused the same).
@@ -38,7 +39,7 @@ import jwt
 from cachetools import TLRUCache
 
 from reach.core.auth import bearer_of
-from reach.core.tokens import ALGORITHM, DEFAULT_LEEWAY_S, check_claims
+from reach.core.tokens import ALGORITHM, DEFAULT_LEEWAY_S, body_digest, check_claims
 from reach.errors import ReachError
 from reach.sdk.hub_client import HubClient
 
@@ -108,8 +109,13 @@ class TokenVerifier:
             maxsize=max_seen, ttu=lambda _jti, until, _now: until, timer=clock
         )
 
-    def check(self, authorization: str | None, body: Mapping[str, Any]) -> Refusal | None:
-        """None if the delivery's token is good (its jti is now spent), else the refusal."""
+    def check(
+        self, authorization: str | None, body: Mapping[str, Any], *, method: str, raw: bytes
+    ) -> Refusal | None:
+        """None if the delivery's token is good (its jti is now spent), else the refusal.
+
+        ``body`` is the delivery's parsed body, ``raw`` its bytes as received (the token
+        binds their digest) and ``method`` the one it was posted to."""
         token = bearer_of(authorization)
         if token is None:
             return Refusal(401, "no reach token (expected 'Authorization: Bearer <token>')")
@@ -138,6 +144,8 @@ class TokenVerifier:
             now,
             self.leeway,
             attempt_seq=body.get("attempt_seq"),
+            method=method,
+            body_sha256=body_digest(raw),
             issuer=self.issuer,
         )
         if reason is not None:

@@ -28,12 +28,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi import FastAPI
 
 import reach
-from reach.core.tokens import claims_for
+from reach.core.tokens import body_digest, claims_for
 from reach.hub import signing
 from reach.hub.storage import create_engine_for, session_factory
 from tests.conftest import REPO, Stack, free_port, wait_until
 from tests.support import processes
-from tests.support.reach_tokens import bearer, hub_key, mint, sign
+from tests.support.reach_tokens import bearer, encoded, hub_key, mint, sign
 from tests.support.uvicorn_thread import uvicorn_serving
 
 STACK_SETTINGS = {"REACH_SECURITY__REQUIRE_AUTH": "true"}
@@ -120,13 +120,16 @@ class TokenAgent:
         return [h.removeprefix("Bearer ") for h in self.counts()["presented"].get(task_id, [])]
 
     def post(
-        self, task_id: str, headers: dict[str, str], attempt_seq: int | None = 1
+        self, task_id: str, headers: dict[str, str], raw: bytes | None = None
     ) -> tuple[int, dict[str, Any]]:
-        """A delivery made by the test itself, straight to this agent."""
-        body: dict[str, Any] = {"task_id": task_id, "method": "work.do", "payload": {"n": 1}}
-        if attempt_seq is not None:
-            body["attempt_seq"] = attempt_seq
-        r = requests.post(f"{self.url}/tasks/work.do", json=body, headers=headers, timeout=10)
+        """A delivery made by the test itself, straight to this agent (``raw``: the
+        body's bytes; by default `delivery` of the task)."""
+        r = requests.post(
+            f"{self.url}/tasks/work.do",
+            data=delivery(task_id) if raw is None else raw,
+            headers={"Content-Type": "application/json", **headers},
+            timeout=10,
+        )
         return r.status_code, r.json()
 
     def stop(self) -> None:
@@ -189,6 +192,23 @@ def target(hub: Hub, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Token
     agent.stop()
 
 
+def delivery(task_id: str, payload: dict[str, Any] | None = None) -> bytes:
+    """The body a test posts for ``task_id``, encoded as the hub encodes one."""
+    body = {"task_id": task_id, "method": "work.do", "payload": payload or {"n": 1}}
+    return encoded({**body, "attempt_seq": 1})
+
+
+def good_token(store_url: str, task_id: str, **kw: Any) -> str:
+    """The hub's token for `delivery` of ``task_id``; ``kw`` changes one thing of it."""
+    return mint(store_url, audience=kw.pop("audience", TARGET), task_id=task_id,
+                body=kw.pop("body", delivery(task_id)), **kw)  # fmt: skip
+
+
+def bound(task_id: str) -> dict[str, str]:
+    """``claims_for``'s binding of `delivery` of ``task_id`` (its method and digest)."""
+    return {"method": "work.do", "body_sha256": body_digest(delivery(task_id))}
+
+
 def claims_of(token: str) -> dict[str, Any]:
     return dict(jwt.decode(token, options={"verify_signature": False}))
 
@@ -216,6 +236,8 @@ def test_every_delivery_carries_a_token_bound_to_caller_target_and_attempt(
         "aud": TARGET,
         "task_id": view["task_id"],
         "attempt_seq": 1,
+        "method": "work.do",
+        "body_sha256": claims["body_sha256"],
         "iat": claims["iat"],
         "exp": claims["iat"] + 300,
         "jti": claims["jti"],
@@ -244,13 +266,17 @@ def test_every_delivery_carries_a_token_bound_to_caller_target_and_attempt(
 
 def _forged_key_same_kid(store_url: str, task_id: str) -> dict[str, str]:
     kid, _ = hub_key(store_url)
-    claims = claims_for("agent-reach", "anonymous", TARGET, task_id, 1, time.time(), 300, "j")
+    claims = claims_for(
+        "agent-reach", "anonymous", TARGET, task_id, 1, time.time(), 300, "j", **bound(task_id)
+    )
     return bearer(sign(claims, kid, Ed25519PrivateKey.generate()))
 
 
 def _alg_none(store_url: str, task_id: str) -> dict[str, str]:
     kid, _ = hub_key(store_url)
-    claims = claims_for("agent-reach", "anonymous", TARGET, task_id, 1, time.time(), 300, "j")
+    claims = claims_for(
+        "agent-reach", "anonymous", TARGET, task_id, 1, time.time(), 300, "j", **bound(task_id)
+    )
     return bearer(jwt.encode(claims, None, algorithm="none", headers={"kid": kid}))
 
 
@@ -258,7 +284,9 @@ def _hs256_with_the_public_key(store_url: str, task_id: str) -> dict[str, str]:
     """The classic confusion: HMAC keyed with the published public key."""
     kid, key = hub_key(store_url)
     public = key.public_key().public_bytes_raw()
-    claims = claims_for("agent-reach", "anonymous", TARGET, task_id, 1, time.time(), 300, "j")
+    claims = claims_for(
+        "agent-reach", "anonymous", TARGET, task_id, 1, time.time(), 300, "j", **bound(task_id)
+    )
     token = jwt.encode(claims, base64.urlsafe_b64encode(public), "HS256", headers={"kid": kid})
     return bearer(token)
 
@@ -273,27 +301,27 @@ ATTACKS: list[tuple[str, Attack, str]] = [
     ("HS256 with the public key", _hs256_with_the_public_key, "not signed with EdDSA"),
     (
         "another audience",
-        lambda url, t: bearer(mint(url, audience="tk-someone-else", task_id=t)),
+        lambda url, t: bearer(good_token(url, t, audience="tk-someone-else")),
         "meant for another agent",
     ),
     (
         "expired",
-        lambda url, t: bearer(mint(url, audience=TARGET, task_id=t, iat=time.time() - 1000)),
+        lambda url, t: bearer(good_token(url, t, iat=time.time() - 1000)),
         "token expired",
     ),
     (
         "another task",
-        lambda url, t: bearer(mint(url, audience=TARGET, task_id=t + "-other")),
+        lambda url, t: bearer(good_token(url, t + "-other", body=delivery(t))),
         "token is for another task",
     ),
     (
         "another attempt",
-        lambda url, t: bearer(mint(url, audience=TARGET, task_id=t, attempt_seq=2)),
+        lambda url, t: bearer(good_token(url, t, attempt_seq=2)),
         "token is for another attempt",
     ),
     (
         "issued in the future",
-        lambda url, t: bearer(mint(url, audience=TARGET, task_id=t, iat=time.time() + 600)),
+        lambda url, t: bearer(good_token(url, t, iat=time.time() + 600)),
         "issued in the future",
     ),
 ]
@@ -317,7 +345,7 @@ def test_a_bad_token_is_refused_before_the_handler_runs(
 def test_a_good_token_of_the_hub_is_accepted_once(hub: Hub, target: TokenAgent) -> None:
     """The control for the attacks above: the same request with a good token runs."""
     task_id = new_task()
-    headers = bearer(mint(hub.store_url, audience=TARGET, task_id=task_id))
+    headers = bearer(good_token(hub.store_url, task_id))
     assert target.post(task_id, headers) == (
         200,
         {"code": 0, "data": {"echo": {"n": 1}, "by": TARGET}},
@@ -333,7 +361,8 @@ def test_a_token_the_hub_delivered_cannot_be_replayed(hub: Hub, target: TokenAge
     assert view["status"] == "success"
     task_id = view["task_id"]
     (token,) = target.tokens(task_id)
-    status, body = target.post(task_id, bearer(token))
+    (raw,) = target.counts()["bodies"][task_id]  # the very bytes it came with
+    status, body = target.post(task_id, bearer(token), raw.encode())
     assert (status, body) == (
         401,
         {"code": 401, "message": "reach token already used (replayed jti)"},
@@ -343,7 +372,7 @@ def test_a_token_the_hub_delivered_cannot_be_replayed(hub: Hub, target: TokenAge
 
 def test_refusals_are_logged_without_the_token(hub: Hub, target: TokenAgent) -> None:
     task_id = new_task()
-    token = mint(hub.store_url, audience="tk-elsewhere", task_id=task_id)
+    token = good_token(hub.store_url, task_id, audience="tk-elsewhere")
     assert target.post(task_id, bearer(token))[0] == 401
     signature = token.rsplit(".", 1)[1]
 
@@ -364,8 +393,9 @@ def test_a_forged_kid_is_refused_without_hammering_the_hub(hub: Hub, tmp_path: P
 
         def forged(task_id: str, kid: str) -> dict[str, str]:
             claims = claims_for(
-                "agent-reach", "anonymous", agent.agent_id, task_id, 1, time.time(), 300, "j"
-            )
+                "agent-reach", "anonymous", agent.agent_id, task_id, 1, time.time(), 300, "j",
+                **bound(task_id),
+            )  # fmt: skip
             return bearer(sign(claims, kid, mine))
 
         first = new_task()
@@ -511,7 +541,9 @@ def test_rotation_keeps_deliveries_verifying(hub: Hub, target: TokenAgent) -> No
     assert target.counts()["jwks_fetches"] > fetched  # it learnt the new key from the hub
     # a token of the old key stays good until the last one it signed has expired
     task_id = new_task()
-    claims = claims_for("agent-reach", "anonymous", TARGET, task_id, 1, time.time(), 300, "j-o")
+    claims = claims_for(
+        "agent-reach", "anonymous", TARGET, task_id, 1, time.time(), 300, "j-o", **bound(task_id)
+    )
     status, _ = target.post(task_id, bearer(sign(claims, old_kid, old_key)))
     assert status == 200
     assert target.runs(task_id) == 1
@@ -545,14 +577,12 @@ def test_the_asgi_app_checks_tokens_as_the_builtin_server_does(hub: Hub) -> None
     ):
         for base in (alone, mounted + "/reach"):
             task_id = new_task()
-            body = {"task_id": task_id, "payload": {"k": 1}, "attempt_seq": 1}
-            refused = requests.post(f"{base}/tasks/work.do", json=body, timeout=10)
+            raw = encoded({"task_id": task_id, "payload": {"k": 1}, "attempt_seq": 1})
+            refused = requests.post(f"{base}/tasks/work.do", data=raw, timeout=10)
             assert (refused.status_code, refused.json()["code"]) == (401, 401)
             assert ran == [] or task_id not in ran
-            token = mint(hub.store_url, audience=agent_id, task_id=task_id)
-            ok = requests.post(
-                f"{base}/tasks/work.do", json=body, headers=bearer(token), timeout=10
-            )
+            token = mint(hub.store_url, audience=agent_id, task_id=task_id, body=raw)
+            ok = requests.post(f"{base}/tasks/work.do", data=raw, headers=bearer(token), timeout=10)
             assert (ok.status_code, ok.json()) == (200, {"code": 0, "data": {"k": 1}})
             assert ran.count(task_id) == 1
     agent.hub.close()

@@ -134,14 +134,26 @@ def test_an_immediate_rotation_signs_at_once_and_old_tokens_still_verify(
     now = time.time()
     before = Signer(sessions, issuer="hub-x", ttl_s=300)
     old_token = before.mint(
-        subject="key:k1", audience="billing", task_id="t", attempt_seq=1, now=now
+        subject="key:k1",
+        audience="billing",
+        task_id="t",
+        attempt_seq=1,
+        method="m",
+        body=b"{}",
+        now=now,
     )
     with sessions.begin() as session:
         new = signing.rotate(session, now + 1, grace_s=300, immediate=True)
     assert new["state"] == "signing"
     after = Signer(sessions, issuer="hub-x", ttl_s=300)
     new_token = after.mint(
-        subject="agent:a", audience="billing", task_id="t", attempt_seq=2, now=now + 2
+        subject="agent:a",
+        audience="billing",
+        task_id="t",
+        attempt_seq=2,
+        method="m",
+        body=b"{}",
+        now=now + 2,
     )
     assert jwt.get_unverified_header(new_token)["kid"] == new["kid"]
     keys = _jwks(engine, now + 2)
@@ -179,7 +191,9 @@ def test_a_signer_caches_the_key_briefly(engine: Engine) -> None:
     now = time.time()
 
     def kid(at: float) -> str:
-        token = signer.mint(subject="s", audience="a", task_id="t", attempt_seq=1, now=at)
+        token = signer.mint(
+            subject="s", audience="a", task_id="t", attempt_seq=1, method="m", body=b"", now=at
+        )
         return str(jwt.get_unverified_header(token)["kid"])
 
     first = kid(now)
@@ -193,6 +207,8 @@ def test_a_signer_caches_the_key_briefly(engine: Engine) -> None:
 
 def test_a_token_never_outlives_fifteen_minutes(engine: Engine) -> None:
     signer = Signer(session_factory(engine), issuer="i", ttl_s=86_400)
-    token = signer.mint(subject="s", audience="a", task_id="t", attempt_seq=1, now=time.time())
+    token = signer.mint(
+        subject="s", audience="a", task_id="t", attempt_seq=1, method="m", body=b"", now=time.time()
+    )
     claims = jwt.decode(token, options={"verify_signature": False})
     assert claims["exp"] - claims["iat"] == MAX_TTL_S

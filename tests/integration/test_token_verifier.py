@@ -11,7 +11,7 @@ from reach.hub.storage import create_engine_for, session_factory
 from reach.sdk.hub_client import HubClient
 from reach.sdk.tokens import TokenVerifier
 from tests.support.listeners import closed_port
-from tests.support.reach_tokens import bearer, mint
+from tests.support.reach_tokens import bearer, encoded, mint
 
 pytestmark = pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 
@@ -21,16 +21,18 @@ def body(task_id: str) -> dict[str, object]:
 
 
 def check(verifier: TokenVerifier, store_url: str, task_id: str) -> object:
-    token = mint(store_url, audience="billing", task_id=task_id)
-    return verifier.check(bearer(token)["Authorization"], body(task_id))
+    raw = encoded(body(task_id))
+    token = mint(store_url, audience="billing", task_id=task_id, body=raw)
+    return verifier.check(bearer(token)["Authorization"], body(task_id), method="work.do", raw=raw)
 
 
 def test_a_hub_out_of_reach_means_retry_not_refused(store_url: str) -> None:
     """The token may be good; the agent cannot tell yet: 503, which the hub retries."""
     hub = HubClient(f"http://127.0.0.1:{closed_port()}", api_key="", connect_timeout=1)
     verifier = TokenVerifier(hub, "billing")
-    token = mint(store_url, audience="billing", task_id="t-1")
-    refusal = verifier.check(f"Bearer {token}", body("t-1"))
+    raw = encoded(body("t-1"))
+    token = mint(store_url, audience="billing", task_id="t-1", body=raw)
+    refusal = verifier.check(f"Bearer {token}", body("t-1"), method="work.do", raw=raw)
     assert refusal is not None and refusal.status == 503
     assert refusal.message == "cannot check the reach token: the hub's keys are unavailable"
     hub.close()

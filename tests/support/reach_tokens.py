@@ -8,6 +8,7 @@ changed (an old ``iat``, another audience, another task).
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any
@@ -16,7 +17,7 @@ import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from reach.core.tokens import ALGORITHM, claims_for
+from reach.core.tokens import ALGORITHM, body_digest, claims_for
 from reach.hub import signing
 from reach.hub.storage import create_engine_for, session_factory
 
@@ -39,22 +40,30 @@ def sign(claims: dict[str, Any], kid: str, key: Ed25519PrivateKey) -> str:
     return jwt.encode(claims, key, algorithm=ALGORITHM, headers={"kid": kid})
 
 
+def encoded(body: dict[str, Any]) -> bytes:
+    """A delivery body's bytes, as the hub encodes them (and a test then posts them)."""
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
 def mint(
     store_url: str,
     *,
     audience: str,
     task_id: str,
+    body: bytes,
     attempt_seq: int = 1,
+    method: str = "work.do",
     subject: str = "anonymous",
     iat: float | None = None,
     ttl_s: float = 300,
     issuer: str = "agent-reach",
 ) -> str:
-    """A token signed with the hub's key; ``iat`` in the past makes an expired one."""
+    """A token signed with the hub's key for a delivery of ``body`` (its exact bytes) to
+    ``method``; ``iat`` in the past makes an expired one."""
     kid, key = hub_key(store_url)
     claims = claims_for(
         issuer, subject, audience, task_id, attempt_seq, time.time() if iat is None else iat,
-        ttl_s, uuid.uuid4().hex,
+        ttl_s, uuid.uuid4().hex, method=method, body_sha256=body_digest(body),
     )  # fmt: skip
     return sign(claims, kid, key)
 

@@ -16,6 +16,7 @@ from reach.core.auth import (
     is_loopback_host,
     key_refusal,
     may_act_for,
+    may_cancel_task,
     may_read_task,
     new_key_id,
     new_secret,
@@ -298,3 +299,23 @@ def test_reach_up_says_when_the_hub_runs_open(env: dict[str, str], notice: str |
         assert said is None
     else:
         assert said is not None and said.startswith(notice), said
+
+
+@pytest.mark.parametrize(
+    ("principal", "caller", "allowed"),
+    [
+        (Principal(Scope.ADMIN, key_id="x"), "key:other", True),
+        (OPEN, "key:c1", True),  # an open hub's anonymous principal is admin
+        (CALLER, "key:c1", True),  # its own task
+        (CALLER, "key:c2", False),
+        (CALLER, None, False),
+        (Principal(Scope.VIEWER, key_id="x"), "key:c1", False),  # reads all, ends none
+        (Principal(Scope.APPROVER, key_id="x"), "key:c1", False),
+        (agent_key("a-*"), "key:c1", False),  # routed to its agent: it reads, may not end
+        (agent_key("a-*"), "agent:a-1", True),  # what one of its agents sent
+        (agent_key("a-*"), "key:kagent", True),  # what the key itself sent
+        (agent_key("planner"), "agent:other", False),
+    ],
+)
+def test_who_may_cancel_a_task(principal: Principal, caller: str | None, allowed: bool) -> None:
+    assert may_cancel_task(principal, caller) is allowed

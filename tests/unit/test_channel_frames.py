@@ -53,10 +53,10 @@ def test_accepted() -> None:
         encode("result", task_id="t", attempt_seq=2, status=200, body={"code": 0}), FROM_AGENT
     )
     assert frame.type == "result" and frame.attempt == ("t", 2)
-    deliver = parse(encode("deliver", task_id="t", attempt_seq=0, method="m", body={}), FROM_HUB)
+    deliver = parse(encode("deliver", task_id="t", attempt_seq=0, method="m", raw="e30="), FROM_HUB)
     assert deliver.attempt == ("t", 0)
     with pytest.raises(FrameError):
-        parse(encode("deliver", task_id="t", attempt_seq=0, method=1, body={}), FROM_HUB)
+        parse(encode("deliver", task_id="t", attempt_seq=0, method=1, raw="e30="), FROM_HUB)
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ from reach.core.sessions import (
     SessionState,
     expiry,
     format_closed,
+    may_bind,
     may_manage,
     may_read,
     parse_closed,
@@ -120,6 +121,29 @@ MINE = "key:aaaaaaaaaaaa"
 def test_who_may(principal: Principal, owner: str | None, manage: bool, read: bool) -> None:
     assert may_manage(principal, owner) is manage
     assert may_read(principal, owner) is read
+
+
+@pytest.mark.parametrize(
+    ("principal", "owner", "handling", "bind"),
+    [
+        (CALLER, MINE, [], True),  # its owner
+        (OTHER, MINE, [], False),  # another caller key: never (issue 37, item 6)
+        (OTHER, MINE, ["writer"], False),  # a caller gets nothing from the routing
+        (ADMIN, MINE, [], True),
+        (OPEN, MINE, [], True),
+        (VIEWER, MINE, [], False),
+        (AGENT, MINE, [], False),  # an agent not handling any of its reaches
+        (AGENT, MINE, ["writer"], True),  # its handler's onward reach inherits the session
+        (AGENT, MINE, ["reader"], False),
+        (GLOB_AGENT, MINE, ["team-7"], True),
+        (AGENT, "agent:writer", [], True),  # its own session
+        (OTHER, None, [], False),  # a session of no one's: an admin's to manage
+    ],
+)
+def test_who_may_bind_a_reach(
+    principal: Principal, owner: str | None, handling: list[str], bind: bool
+) -> None:
+    assert may_bind(principal, owner, handling) is bind
 
 
 @pytest.mark.parametrize(

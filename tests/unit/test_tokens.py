@@ -7,24 +7,41 @@ from typing import Any
 
 import pytest
 
-from reach.core.tokens import MAX_TTL_S, REQUIRED, check_claims, claims_for
+from reach.core.tokens import MAX_TTL_S, REQUIRED, body_digest, check_claims, claims_for
 
 NOW = 1_700_000_000.0
 
 
+RAW = b'{"task_id":"t-1","attempt_seq":2,"payload":{"amount":5}}'
+DIGEST = body_digest(RAW)
+BOUND = {"method": "pay", "body_sha256": DIGEST}
+DELIVERY: dict[str, Any] = {"attempt_seq": 2, "method": "pay", "body_sha256": DIGEST}
+
+
 def good(**changes: Any) -> dict[str, Any]:
-    claims = claims_for("agent-reach", "key:abc", "billing", "t-1", 2, NOW, 300, "j-1")
+    claims = claims_for("agent-reach", "key:abc", "billing", "t-1", 2, NOW, 300, "j-1", **BOUND)
     claims.update(changes)
     return claims
 
 
+def test_body_digest_is_hex_sha256_of_the_bytes() -> None:
+    assert body_digest(b"abc") == (
+        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    )
+
+
 def test_claims_of_one_attempt() -> None:
-    assert claims_for("hub-x", "agent:planner", "billing", "t-9", 3, NOW + 0.7, 300, "jti-1") == {
+    made = claims_for(
+        "hub-x", "agent:planner", "billing", "t-9", 3, NOW + 0.7, 300, "jti-1", **BOUND
+    )
+    assert made == {
         "iss": "hub-x",
         "sub": "agent:planner",
         "aud": "billing",
         "task_id": "t-9",
         "attempt_seq": 3,
+        "method": "pay",
+        "body_sha256": DIGEST,
         "iat": int(NOW),
         "exp": int(NOW) + 300,
         "jti": "jti-1",
@@ -43,20 +60,24 @@ def test_claims_of_one_attempt() -> None:
     ],
 )
 def test_lifetime_is_capped(ttl_s: float, lifetime: int) -> None:
-    claims = claims_for("i", "s", "a", "t", 1, NOW, ttl_s, "j")
+    claims = claims_for("i", "s", "a", "t", 1, NOW, ttl_s, "j", **BOUND)
     assert claims["exp"] - claims["iat"] == lifetime
 
 
 @pytest.mark.parametrize("ttl_s", [0, -1])
 def test_lifetime_must_be_positive(ttl_s: float) -> None:
     with pytest.raises(ValueError, match="ttl_s"):
-        claims_for("i", "s", "a", "t", 1, NOW, ttl_s, "j")
+        claims_for("i", "s", "a", "t", 1, NOW, ttl_s, "j", **BOUND)
 
 
 CASES: list[tuple[str, dict[str, Any], dict[str, Any], str | None]] = [
     # name, claim changes, check arguments, refusal (None: accepted)
     ("good", {}, {}, None),
-    ("good, attempt compared", {}, {"attempt_seq": 2}, None),
+    ("another method", {}, {"method": "refund"}, "another method"),
+    ("another body", {}, {"body_sha256": body_digest(RAW + b" ")}, "signed for another body"),
+    ("body without attempt_seq", {}, {"attempt_seq": None}, "names no attempt_seq"),
+    ("attempt_seq a string in the body", {}, {"attempt_seq": "2"}, "names no attempt_seq"),
+    ("method claim not a string", {"method": 1}, {}, "method is not a non-empty string"),
     ("good, issuer pinned", {}, {"issuer": "agent-reach"}, None),
     ("another audience", {"aud": "payments"}, {}, "another agent"),
     ("audience as a list", {"aud": ["billing", "payments"]}, {}, "another agent"),
@@ -87,7 +108,7 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], str | None]] = [
     ("changes", "kwargs", "refusal"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
 )
 def test_check_claims(changes: dict[str, Any], kwargs: dict[str, Any], refusal: str | None) -> None:
-    reason = check_claims(good(**changes), "billing", "t-1", NOW, 30.0, **kwargs)
+    reason = check_claims(good(**changes), "billing", "t-1", NOW, 30.0, **{**DELIVERY, **kwargs})
     if refusal is None:
         assert reason is None
     else:
@@ -98,15 +119,17 @@ def test_check_claims(changes: dict[str, Any], kwargs: dict[str, Any], refusal: 
 def test_every_claim_is_required(name: str) -> None:
     claims = good()
     del claims[name]
-    assert check_claims(claims, "billing", "t-1", NOW) == f"token lacks claims: {name}"
+    assert check_claims(claims, "billing", "t-1", NOW, **DELIVERY) == f"token lacks claims: {name}"
 
 
 def test_body_without_task_id_is_refused() -> None:
-    assert check_claims(good(), "billing", None, NOW) == "token is for another task"
+    assert check_claims(good(), "billing", None, NOW, **DELIVERY) == "token is for another task"
 
 
 def test_reasons_never_quote_the_claims() -> None:
     secretish = "s3cr3t-looking-value"
     for changes in ({"aud": secretish}, {"iss": secretish}, {"task_id": secretish}):
-        reason = check_claims(good(**changes), "billing", "t-1", NOW, issuer="agent-reach")
+        reason = check_claims(
+            good(**changes), "billing", "t-1", NOW, issuer="agent-reach", **DELIVERY
+        )
         assert reason is not None and secretish not in reason

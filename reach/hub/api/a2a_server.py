@@ -15,7 +15,8 @@ with the hub's tasks:
   waits up to ``a2a.send_wait_s`` for its end; the A2A task's ID is the hub's task ID.
 * ``SendStreamingMessage``: the task, then its status changes, progress and result as
   A2A events, read from the hub's own progress stream.
-* ``GetTask``, ``CancelTask``: the hub task, read or cancelled, for its caller only.
+* ``GetTask``, ``CancelTask``: the hub task, read by whoever may read it, cancelled by its
+  caller (or an admin) only: an agent it was routed to reads it, and may not end it.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
 from reach.core import a2a as rules
-from reach.core.auth import Principal
+from reach.core.auth import Principal, may_cancel_task
 from reach.core.priority import queue_for
 from reach.core.statuses import TERMINAL, TaskStatus
 from reach.errors import ReachError, UnknownTask
@@ -73,6 +74,8 @@ from reach.hub.storage.models import AgentCapabilityRow, AgentRow
 from reach.schemas import SubmitRequest
 
 log = logging.getLogger("reach.hub.a2a")
+
+_NOT_YOURS = "not-yours"  # CancelTask by a principal that may read the task, not end it
 
 TARGET = "reach_target"  # request.state / call context: {"agent_id": ...} or {"capability": ...}
 
@@ -267,8 +270,10 @@ class HubRequestHandler(RequestHandler):
         view = await run_in_threadpool(self._read, params.id, context)  # visible to the caller
         principal: Principal = context.state["principal"]
 
-        def cancel(session: Any) -> dict[str, Any] | None:
+        def cancel(session: Any) -> dict[str, Any] | str | None:
             task = load_for_update(session, params.id)
+            if task is not None and not may_cancel_task(principal, task.caller):
+                return _NOT_YOURS  # an agent it was routed to reads it; it may not end it
             if task is None or task.status in TERMINAL:
                 return None
             now = self.ctx.clock.now()
@@ -289,7 +294,14 @@ class HubRequestHandler(RequestHandler):
             return task_view(task)
 
         done = await run_in_threadpool(self.ctx.write, cancel)
-        if done is None:
+        if done == _NOT_YOURS:
+            log.warning(
+                "CancelTask of %s refused: %s is not its caller", params.id, principal.identity
+            )
+            raise TaskNotCancelableError(
+                message=f"task {params.id!r} may be cancelled only by its caller or an admin"
+            )
+        if not isinstance(done, dict):
             raise TaskNotCancelableError(
                 message=f"task {params.id!r} is {view['status']}: it cannot be cancelled"
             )

@@ -20,7 +20,11 @@ from reach.hub import admission, approvals, loops, metrics, monitoring, registry
 from reach.hub.api import links
 from reach.hub.api.admission import MemoryAdmissionMiddleware
 from reach.hub.api.auth import AuthMiddleware, demand_agent, require
-from reach.hub.api.problems import BodyLimitMiddleware, install_problem_handlers
+from reach.hub.api.problems import (
+    BodyLimitMiddleware,
+    InputGuardMiddleware,
+    install_problem_handlers,
+)
 from reach.hub.api.routes.a2a import a2a_router
 from reach.hub.api.routes.agents_admin import agents_admin_router
 from reach.hub.api.routes.approvals import approval_router
@@ -92,6 +96,8 @@ def create_app(
     install_problem_handlers(app)
     # the body limit covers the payload cap (reach.hub.admission.body_limit); memory
     # admission refuses a submit before its body is read
+    # inside the body limit, which bounds what it reads: NUL and NaN never reach a route
+    app.add_middleware(InputGuardMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=admission.body_limit(ctx.settings))
     server = ctx.settings.server
     gauge = MemoryGauge.configured(server.memory_limit_bytes, server.memory_admission_ratio)

@@ -1,10 +1,14 @@
 """Every error leaves the API as ``application/problem+json`` (RFC 9457) with a stable type.
 
-Also the request-size guard: bodies over the limit are refused before they are parsed.
+Also the request-size guard: bodies over the limit are refused before they are parsed;
+and the input guard: a NUL character in the path, the query or the body, and a ``NaN`` or
+``Infinity`` in a JSON body, are refused with a 422 problem before any route sees them (a
+NUL reached PostgreSQL as a 500; a NaN one as a 500 whose log quoted the payload).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -178,3 +182,132 @@ class _BodyTooLarge(StarletteHTTPException):
 
 async def _empty_receive() -> Message:
     return {"type": "http.disconnect"}
+
+
+class InputGuardMiddleware:
+    """Refuse what no route can store (issue 37, item 17), with the 422 problem of the
+    resource the path names (`invalid_request_type`), never quoting the input:
+
+    * a NUL character in the decoded path or anywhere in the query string (PostgreSQL
+      text cannot hold one);
+    * in a body: a NUL in a JSON string (``\\u0000``) or a form field (``%00``), and the
+      JSON constants ``NaN``, ``Infinity`` and ``-Infinity`` (not JSON: Python's parser
+      takes them, PostgreSQL and every agent refuse them).
+
+    Bodies are read whole (the body limit, outside this, bounds them) only for methods
+    that carry one; the JSON is parsed again only when its bytes hold ``\\u0000``,
+    ``NaN`` or ``Infinity`` somewhere, so an ordinary request costs a byte scan."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope.get("path") or ""
+        if "\x00" in path:
+            await self._refuse(scope, send, "path: contains a NUL character")
+            return
+        query: bytes = scope.get("query_string") or b""
+        if b"%00" in query or b"\x00" in query:
+            await self._refuse(scope, send, "query: a parameter contains a NUL character")
+            return
+        if scope.get("method") not in _WITH_BODY:
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                await self.app(scope, _replay([message], receive), send)
+                return
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        wrong = body_refusal(body, _content_type(scope))
+        if wrong is not None:
+            await self._refuse(scope, send, wrong)
+            return
+        replayed: Message = {"type": "http.request", "body": body, "more_body": False}
+        await self.app(scope, _replay([replayed], receive), send)
+
+    async def _refuse(self, scope: Scope, send: Send, detail: str) -> None:
+        path = scope.get("path") or ""
+        invalid = invalid_request_type(path.replace("\x00", ""))
+        error = invalid(detail)
+        response = JSONResponse(
+            error.to_problem(path.replace("\x00", "")), status_code=422, media_type=PROBLEM_JSON
+        )
+        await response(scope, _empty_receive, send)
+
+
+_WITH_BODY = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def body_refusal(body: bytes, content_type: str) -> str | None:
+    """Why a request body cannot be taken (a NUL, a non-JSON number), or None."""
+    if not body:
+        return None
+    if "application/x-www-form-urlencoded" in content_type:
+        if b"%00" in body or b"\x00" in body:
+            return "body: a form field contains a NUL character"
+        return None
+    if b"\\u0000" not in body and b"NaN" not in body and b"Infinity" not in body:
+        return None  # the common case: nothing to parse twice
+    try:
+        value = json.loads(body, parse_constant=_no_constant)
+    except _NotJson as exc:
+        return f"body: {exc.args[0]} is not a JSON number (send null or a string)"
+    except ValueError:
+        return None  # not JSON at all: the route's own parsing says so
+    where = _nul_in(value, "body")
+    if where is not None:
+        return f"{where}: contains a NUL character"
+    return None
+
+
+class _NotJson(ValueError):
+    pass
+
+
+def _no_constant(name: str) -> Any:
+    raise _NotJson(name)
+
+
+def _nul_in(value: Any, where: str) -> str | None:
+    """The place of the first string (or key) holding a NUL, or None."""
+    todo: list[tuple[Any, str]] = [(value, where)]
+    while todo:
+        item, at = todo.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return at
+        elif isinstance(item, dict):
+            for key, sub in item.items():
+                if "\x00" in key:
+                    return f"{at} (a key)"
+                todo.append((sub, f"{at}.{key}"))
+        elif isinstance(item, list):
+            todo.extend((sub, f"{at}[{i}]") for i, sub in enumerate(item))
+    return None
+
+
+def _content_type(scope: Scope) -> str:
+    for name, value in scope.get("headers") or []:
+        if name == b"content-type":
+            return str(value.decode("latin-1").lower())
+    return ""
+
+
+def _replay(messages: list[Message], receive: Receive) -> Receive:
+    """A receive that hands out ``messages`` first, then the real one's."""
+    pending = list(messages)
+
+    async def replay() -> Message:
+        if pending:
+            return pending.pop(0)
+        return await receive()
+
+    return replay

@@ -14,6 +14,7 @@ record a success); anything unusual takes the ORM path. A database failure leave
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 from collections.abc import Callable
@@ -123,20 +124,31 @@ class Pipeline:
 
     def _signed(self, d: Dispatch) -> Dispatch:
         """The exchange's headers: the attempt, and a hub-signed reach token bound to the
-        caller, the agent, the task and the attempt. An A2A agent is reached under its
-        card's own scheme: it gets no reach token."""
+        caller, the agent, the task, the attempt, the method and the body's exact bytes
+        (the body leaves encoded). An A2A agent is reached under its card's own scheme:
+        it gets no reach token."""
         headers = {"X-Reach-Task-Id": d.task_id, "X-Reach-Attempt": str(d.attempt_seq)}
         if self.dpolicy.sign_deliveries and d.protocol != PROTOCOL_A2A:
             dp = self.dpolicy
             signer = self.signer or Signer(self.sessions, issuer=dp.issuer, ttl_s=dp.token_ttl_s)
+            # the body is encoded once, here: the token binds these exact bytes, and they
+            # are what is posted
+            raw = (
+                json.dumps(d.body, separators=(",", ":")).encode()
+                if isinstance(d.body, dict)
+                else d.body
+            )
             token = signer.mint(
                 subject=d.caller or ANONYMOUS,
                 audience=d.agent_id,
                 task_id=d.task_id,
                 attempt_seq=d.attempt_seq,
+                method=d.method,
+                body=raw,
                 now=self.now(),
             )
             headers["Authorization"] = f"Bearer {token}"
+            return replace(d, headers=headers, body=raw)
         return replace(d, headers=headers)
 
     def record_progress(self, d: Dispatch, update: a2a_rules.Progress) -> None:

@@ -44,7 +44,7 @@ class Dispatch:
     attempt_seq: int
     token: str  # the attempt's lease token: its outcome is recorded only while it holds
     url: str
-    body: dict[str, Any]
+    body: dict[str, Any] | bytes  # bytes once signed: the token binds exactly these
     instance_id: str
     agent_id: str
     timeout: float  # the exchange's budget after connecting (the task's timeout, capped)

@@ -95,6 +95,10 @@ class Transport(Protocol):
     async def exchange(self, d: Dispatch, progress: ProgressSink) -> Exchanged: ...
 
 
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 class AgentHttp:
     """HTTP to agents on aiohttp: a session (connection pool) per event loop, one deadline
     for the whole exchange, a capped body, no redirects, no proxies from the environment."""
@@ -195,7 +199,7 @@ class AgentHttp:
     async def post_mtls(
         self,
         url: str,
-        body: dict[str, Any],
+        body: dict[str, Any] | bytes,
         connect_timeout: float,
         timeout: float,
         headers: dict[str, str] | None = None,
@@ -231,7 +235,9 @@ class AgentHttp:
             chunks.append(chunk)
         raw = b"".join(chunks)
         try:
-            payload: Any = json.loads(raw)
+            # NaN and Infinity are not JSON: an answer holding one is not taken as one (no
+            # store would hold it; a write that fails on it would be retried forever)
+            payload: Any = json.loads(raw, parse_constant=_not_json)
         except ValueError:
             payload = raw[:2000].decode("utf-8", "replace")
         return AgentAnswer(resp.status, payload)
@@ -490,7 +496,7 @@ class AgentTransport:
     async def apost(
         self,
         url: str,
-        body: dict[str, Any],
+        body: dict[str, Any] | bytes,
         connect_timeout: float,
         timeout: float,
         headers: dict[str, str] | None = None,

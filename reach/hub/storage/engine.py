@@ -21,7 +21,11 @@ SCHEMA_HEAD = "0026"
 
 
 def create_engine_for(url: str, **kwargs: Any) -> Engine:
-    """Create an engine; SQLite gets WAL and a busy timeout (API, worker and beat all write)."""
+    """Create an engine; SQLite gets WAL and a busy timeout (API, worker and beat all write).
+
+    Statement parameters are kept out of SQLAlchemy's exception messages: a failing write
+    must not put a payload, a result or a secret into a log line."""
+    kwargs.setdefault("hide_parameters", True)
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         # opening a SQLite connection costs little, and ":memory:" takes no overflow

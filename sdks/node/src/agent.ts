@@ -552,10 +552,14 @@ export class Agent {
         answer = [413, { code: 413, message: "request body too large" }];
         res.setHeader("Connection", "close");
       } else {
-        // a body parser ahead of us (express.json()) already read it: take its object
-        const parsed = (req as IncomingMessage & { body?: unknown }).body;
-        const raw =
-          parsed !== null && typeof parsed === "object" && !Buffer.isBuffer(parsed)
+        // a body parser ahead of us (express.json()) already read it: take the bytes it
+        // kept (`verify: (req, _res, buf) => { req.rawBody = buf }`), which the reach token
+        // binds; its object re-encoded matches them only when the hub's encoding survives
+        // the round trip (compact ASCII JSON, keys in order, no 1.0-style numbers)
+        const { body: parsed, rawBody } = req as IncomingMessage & { body?: unknown; rawBody?: unknown };
+        const raw = Buffer.isBuffer(rawBody)
+          ? rawBody
+          : parsed !== null && typeof parsed === "object" && !Buffer.isBuffer(parsed)
             ? Buffer.from(JSON.stringify(parsed))
             : Buffer.isBuffer(parsed)
               ? parsed
@@ -606,15 +610,22 @@ export class Agent {
     if (body === null || typeof body !== "object" || Array.isArray(body)) {
       return [400, { code: 400, message: "body must be a JSON object" }];
     }
-    const refused = await this.admit(body as Record<string, unknown>, authorization);
+    const refused = await this.admit(body as Record<string, unknown>, authorization, method, raw);
     if (refused !== null) return refused;
     return this.invoke(method, body as Record<string, unknown>);
   }
 
-  /** Check a delivery's reach token: null to go on, else the answer to give instead. */
-  async admit(body: Record<string, unknown>, authorization: string | null | undefined): Promise<Answer | null> {
+  /** Check a delivery's reach token: null to go on, else the answer to give instead.
+   * `raw` is the body's bytes as received and `method` the one it was posted to: the
+   * token binds both. */
+  async admit(
+    body: Record<string, unknown>,
+    authorization: string | null | undefined,
+    method: string,
+    raw: Buffer | Uint8Array | string,
+  ): Promise<Answer | null> {
     if (this.tokens === null) return null;
-    const refusal = await this.tokens.check(authorization, body);
+    const refusal = await this.tokens.check(authorization, body, method, raw);
     if (refusal === null) return null;
     console.warn(
       `reach: refused a delivery of task ${JSON.stringify(body["task_id"])} to ${this.agentId}: ` +
@@ -926,6 +937,6 @@ async function readBody(req: IncomingMessage): Promise<Buffer | null> {
   return Buffer.concat(chunks);
 }
 
-export { TokenVerifier, Refusal, checkClaims } from "./tokens.js";
+export { TokenVerifier, Refusal, checkClaims, bodyDigest } from "./tokens.js";
 export { IdempotencyGuard } from "./dedup.js";
 export { AgentChannel } from "./channel.js";

@@ -58,11 +58,11 @@ export function parseFrame(raw: string): Frame | null {
   const frame = data as Frame;
   if (typeof frame.type !== "string" || !FROM_HUB.has(frame.type)) return null;
   if (frame.type === "deliver") {
-    const { task_id, attempt_seq, method, body } = frame;
+    const { task_id, attempt_seq, method, raw } = frame;
     if (typeof task_id !== "string" || !task_id || !Number.isInteger(attempt_seq) || (attempt_seq as number) < 0) {
       return null;
     }
-    if (typeof method !== "string" || body === null || typeof body !== "object" || Array.isArray(body)) return null;
+    if (typeof method !== "string" || typeof raw !== "string") return null;
   }
   return frame;
 }
@@ -218,13 +218,26 @@ export class AgentChannel {
   private async runDelivery(ws: WebSocket, frame: Frame): Promise<void> {
     const taskId = frame["task_id"] as string;
     const seq = frame["attempt_seq"] as number;
-    const body = { ...(frame["body"] as Record<string, unknown>) };
+    const method = String(frame["method"]);
+    // the body's bytes as the worker posted them (base64): the token binds their digest
+    const raw = Buffer.from(String(frame["raw"]), "base64");
+    let body: unknown;
+    try {
+      body = JSON.parse(raw.toString("utf8"));
+    } catch {
+      body = null;
+    }
     const authorization = typeof frame["authorization"] === "string" ? frame["authorization"] : null;
     let status: number;
     let reply: Record<string, unknown>;
     try {
-      [status, reply] =
-        (await this.agent.admit(body, authorization)) ?? (await this.agent.invoke(String(frame["method"]), body));
+      if (body === null || typeof body !== "object" || Array.isArray(body)) {
+        [status, reply] = [400, { code: 400, message: "delivery body is not a JSON object" }];
+      } else {
+        const fields = body as Record<string, unknown>;
+        [status, reply] =
+          (await this.agent.admit(fields, authorization, method, raw)) ?? (await this.agent.invoke(method, fields));
+      }
     } catch (err) {
       console.error(`reach: delivery of ${taskId} failed in the SDK:`, err);
       [status, reply] = [500, { code: -1, message: `${(err as Error).name}: ${(err as Error).message}` }];

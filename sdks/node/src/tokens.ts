@@ -4,7 +4,8 @@
  *
  * The hub signs a token into each delivery: an EdDSA (Ed25519) JWT whose header names the
  * key (`kid`) and whose claims are `iss`, `sub`, `aud` (this agent), `task_id`,
- * `attempt_seq`, `iat`, `exp` and `jti`. `TokenVerifier` checks the signature against the
+ * `attempt_seq`, `method` (the one posted to), `body_sha256` (hex sha256 of the exact
+ * body bytes: a captured token cannot carry another payload), `iat`, `exp` and `jti`. `TokenVerifier` checks the signature against the
  * hub's published keys (`GET /.well-known/jwks.json`, EdDSA only: never `none`, never an
  * HS* secret), then the claims, then that its `jti` was never seen. A refusal is what the
  * agent answers instead of running the handler:
@@ -18,13 +19,18 @@
  * cannot make the agent hammer its hub, and when the cache is older than `maxAgeMs`.
  */
 
-import { createPublicKey, verify, type KeyObject } from "node:crypto";
+import { createHash, createPublicKey, timingSafeEqual, verify, type KeyObject } from "node:crypto";
 
 export const ALGORITHM = "EdDSA";
 export const JWKS_PATH = "/.well-known/jwks.json";
 export const DEFAULT_LEEWAY_S = 30;
 export const MAX_TTL_S = 900;
-const REQUIRED = ["iss", "sub", "aud", "task_id", "attempt_seq", "iat", "exp", "jti"] as const;
+const REQUIRED = ["iss", "sub", "aud", "task_id", "attempt_seq", "method", "body_sha256", "iat", "exp", "jti"] as const;
+
+/** The `body_sha256` of a delivery body: hex sha256 of its exact bytes. */
+export function bodyDigest(raw: Buffer | Uint8Array | string): string {
+  return createHash("sha256").update(raw).digest("hex");
+}
 
 /** Why a delivery's token was not accepted, as the agent answers it. */
 export class Refusal {
@@ -69,20 +75,30 @@ export function bearerOf(header: string | null | undefined): string | null {
   return value;
 }
 
+/** What a token is checked against: the delivery as the agent got it. */
+export interface DeliveryFacts {
+  /** The body's `task_id` and `attempt_seq` (an integer is required). */
+  taskId: unknown;
+  attemptSeq: unknown;
+  /** The method the delivery was posted to. */
+  method: string;
+  /** `bodyDigest` of the body's bytes as received. */
+  bodySha256: string;
+}
+
 /** Why an agent refuses a token with these (signature-checked) claims, or null; `now` and
  * `leeway` in seconds, as the claims are. */
 export function checkClaims(
   claims: Record<string, unknown>,
   expectedAudience: string,
-  taskId: unknown,
+  delivery: DeliveryFacts,
   now: number,
   leeway: number = DEFAULT_LEEWAY_S,
-  attemptSeq?: unknown,
   issuer?: string,
 ): string | null {
   const missing = REQUIRED.filter((name) => !(name in claims));
   if (missing.length) return `token lacks claims: ${missing.join(", ")}`;
-  for (const name of ["iss", "sub", "task_id", "jti"]) {
+  for (const name of ["iss", "sub", "task_id", "method", "body_sha256", "jti"]) {
     const v = claims[name];
     if (typeof v !== "string" || !v) return `token claim ${name} is not a non-empty string`;
   }
@@ -101,9 +117,16 @@ export function checkClaims(
   if (exp - iat > MAX_TTL_S) return `token lifetime exceeds ${MAX_TTL_S} s`;
   if (iat > now + leeway) return "token issued in the future";
   if (exp + leeway <= now) return "token expired";
-  if (claims["task_id"] !== taskId) return "token is for another task";
-  if (attemptSeq !== undefined && attemptSeq !== null && claims["attempt_seq"] !== attemptSeq) {
-    return "token is for another attempt";
+  if (claims["task_id"] !== delivery.taskId) return "token is for another task";
+  if (!Number.isInteger(delivery.attemptSeq)) {
+    return "delivery body names no attempt_seq (an integer): the token cannot be matched";
+  }
+  if (claims["attempt_seq"] !== delivery.attemptSeq) return "token is for another attempt";
+  if (claims["method"] !== delivery.method) return "token is for another method";
+  const signed = Buffer.from(String(claims["body_sha256"]));
+  const got = Buffer.from(delivery.bodySha256);
+  if (signed.length !== got.length || !timingSafeEqual(signed, got)) {
+    return "token was signed for another body: the delivery's payload or fields differ";
   }
   return null;
 }
@@ -164,8 +187,15 @@ export class TokenVerifier {
       });
   }
 
-  /** null if the delivery's token is good (its jti is now spent), else the refusal. */
-  async check(authorization: string | null | undefined, body: Record<string, unknown>): Promise<Refusal | null> {
+  /** null if the delivery's token is good (its jti is now spent), else the refusal. `body`
+   * is the parsed body, `raw` its bytes as received and `method` the one posted to: the
+   * token binds all three. */
+  async check(
+    authorization: string | null | undefined,
+    body: Record<string, unknown>,
+    method: string,
+    raw: Buffer | Uint8Array | string,
+  ): Promise<Refusal | null> {
     const token = bearerOf(authorization);
     if (token === null) return new Refusal(401, "no reach token (expected 'Authorization: Bearer <token>')");
     const parts = token.split(".");
@@ -188,7 +218,13 @@ export class TokenVerifier {
     const claims = b64json(p);
     if (claims === null) return new Refusal(401, "malformed reach token");
     const now = this.clock();
-    const reason = checkClaims(claims, this.agentId, body["task_id"], now, this.leeway, body["attempt_seq"], this.issuer);
+    const delivery: DeliveryFacts = {
+      taskId: body["task_id"],
+      attemptSeq: body["attempt_seq"],
+      method,
+      bodySha256: bodyDigest(raw),
+    };
+    const reason = checkClaims(claims, this.agentId, delivery, now, this.leeway, this.issuer);
     if (reason !== null) return new Refusal(401, reason);
     // no await from here on: the check and the spend of the jti are one step
     const jti = claims["jti"] as string;

@@ -6,7 +6,7 @@ import { test } from "node:test";
 import { Agent, wrap } from "../dist/agent.js";
 import { IdempotencyGuard } from "../dist/dedup.js";
 import { InvalidRegistration } from "../dist/errors.js";
-import { TokenVerifier, bearerOf, checkClaims } from "../dist/tokens.js";
+import { TokenVerifier, bearerOf, bodyDigest, checkClaims } from "../dist/tokens.js";
 
 const b64 = (obj) => Buffer.from(JSON.stringify(obj)).toString("base64url");
 
@@ -24,18 +24,21 @@ export function mint(pair, claims, header = {}) {
 }
 
 const NOW = 1_800_000_000;
+const BODY = { task_id: "t-1", attempt_seq: 1, payload: {} };
+const RAW = Buffer.from(JSON.stringify(BODY));
 const claimsFor = (over = {}) => ({
   iss: "reach-hub",
   sub: "task",
   aud: "agent-a",
   task_id: "t-1",
   attempt_seq: 1,
+  method: "echo",
+  body_sha256: bodyDigest(RAW),
   iat: NOW - 1,
   exp: NOW + 60,
   jti: randomUUID(),
   ...over,
 });
-const BODY = { task_id: "t-1", attempt_seq: 1, payload: {} };
 
 function verifier(keys, opts = {}) {
   let fetches = 0;
@@ -55,8 +58,8 @@ test("a good token passes once; its replay is refused", async () => {
   const pair = keyPair();
   const { v } = verifier([pair]);
   const token = mint(pair, claimsFor());
-  assert.equal(await v.check(`Bearer ${token}`, BODY), null);
-  const again = await v.check(`Bearer ${token}`, BODY);
+  assert.equal(await v.check(`Bearer ${token}`, BODY, "echo", RAW), null);
+  const again = await v.check(`Bearer ${token}`, BODY, "echo", RAW);
   assert.equal(again?.status, 401);
   assert.match(again.message, /replayed jti/);
 });
@@ -83,14 +86,26 @@ test("forged, misaddressed, expired and mismatched tokens are refused with 401",
     [`Bearer ${mint(hub, claimsFor({ jti: undefined }))}`, /lacks claims: jti/],
   ];
   for (const [authorization, reason] of cases) {
-    const refusal = await v.check(authorization, BODY);
+    const refusal = await v.check(authorization, BODY, "echo", RAW);
     assert.equal(refusal?.status, 401, `${authorization}: ${refusal?.message}`);
     assert.match(refusal.message, reason);
   }
+  // a captured token bound to this request, replayed with another payload or method
+  const bound = `Bearer ${mint(hub, claimsFor())}`;
+  const other = { ...BODY, payload: { amount: 1_000_000 } };
+  const otherRaw = Buffer.from(JSON.stringify(other));
+  assert.match((await v.check(bound, other, "echo", otherRaw)).message, /signed for another body/);
+  assert.match((await v.check(bound, BODY, "pay", RAW)).message, /another method/);
+  const noSeq = { task_id: "t-1", payload: {} };
+  const noSeqRaw = Buffer.from(JSON.stringify(noSeq));
+  const unbound = `Bearer ${mint(hub, claimsFor({ body_sha256: bodyDigest(noSeqRaw) }))}`;
+  assert.match((await v.check(unbound, noSeq, "echo", noSeqRaw)).message, /names no attempt_seq/);
+  assert.match((await v.check(`Bearer ${mint(hub, claimsFor({ method: undefined }))}`, BODY, "echo", RAW)).message, /lacks claims: method/);
+  assert.equal(await v.check(bound, BODY, "echo", RAW), null); // not spent by the refusals
   // a tampered payload under the hub's own signature
   const [h, , s] = mint(hub, claimsFor()).split(".");
   const tampered = `${h}.${b64(claimsFor({ aud: "agent-a", task_id: "t-1" }))}.${s}`;
-  assert.match((await v.check(`Bearer ${tampered}`, BODY)).message, /signature does not verify/);
+  assert.match((await v.check(`Bearer ${tampered}`, BODY, "echo", RAW)).message, /signature does not verify/);
 });
 
 test("an unknown kid refetches the keys, rate-limited; a rotated key is then accepted", async () => {
@@ -98,40 +113,45 @@ test("an unknown kid refetches the keys, rate-limited; a rotated key is then acc
   const old = keyPair("old");
   const keys = [old];
   const { v, fetches } = verifier(keys, { extra: { timer: () => mono * 1000 } });
-  assert.equal(await v.check(`Bearer ${mint(old, claimsFor())}`, BODY), null);
+  assert.equal(await v.check(`Bearer ${mint(old, claimsFor())}`, BODY, "echo", RAW), null);
   assert.equal(fetches(), 1);
   const stranger = keyPair("stranger");
-  const soon = await v.check(`Bearer ${mint(stranger, claimsFor())}`, BODY);
+  const soon = await v.check(`Bearer ${mint(stranger, claimsFor())}`, BODY, "echo", RAW);
   assert.equal(soon.status, 503); // fetched moments ago: no new fetch, the hub retries
   assert.equal(fetches(), 1);
   mono += 6; // past refetchInterval (5 s)
-  const later = await v.check(`Bearer ${mint(stranger, claimsFor())}`, BODY);
+  const later = await v.check(`Bearer ${mint(stranger, claimsFor())}`, BODY, "echo", RAW);
   assert.equal(later.status, 401);
   assert.match(later.message, /does not publish/);
   assert.equal(fetches(), 2);
-  for (let i = 0; i < 20; i++) await v.check(`Bearer ${mint(keyPair(`forged-${i}`), claimsFor())}`, BODY);
+  for (let i = 0; i < 20; i++) await v.check(`Bearer ${mint(keyPair(`forged-${i}`), claimsFor())}`, BODY, "echo", RAW);
   assert.equal(fetches(), 2); // forged kids cannot make the agent hammer its hub
   const fresh = keyPair("new"); // the hub rotates
   keys.push(fresh);
   mono += 6;
-  assert.equal(await v.check(`Bearer ${mint(fresh, claimsFor())}`, BODY), null);
-  assert.equal(await v.check(`Bearer ${mint(old, claimsFor())}`, BODY), null);
+  assert.equal(await v.check(`Bearer ${mint(fresh, claimsFor())}`, BODY, "echo", RAW), null);
+  assert.equal(await v.check(`Bearer ${mint(old, claimsFor())}`, BODY, "echo", RAW), null);
   assert.equal(fetches(), 3);
 });
 
 test("keys out of reach: 503, so the hub retries", async () => {
   const pair = keyPair();
   const { v } = verifier([pair], { down: true });
-  const refusal = await v.check(`Bearer ${mint(pair, claimsFor())}`, BODY);
+  const refusal = await v.check(`Bearer ${mint(pair, claimsFor())}`, BODY, "echo", RAW);
   assert.equal(refusal.status, 503);
 });
 
 test("bearerOf and checkClaims mirror the Python rules", () => {
   assert.equal(bearerOf("bearer  abc "), "abc");
   assert.equal(bearerOf("Bearer"), null);
-  assert.equal(checkClaims(claimsFor(), "agent-a", "t-1", NOW), null);
-  assert.match(checkClaims(claimsFor({ attempt_seq: 1.5 }), "agent-a", "t-1", NOW), /attempt_seq/);
-  assert.match(checkClaims(claimsFor({ iss: "x" }), "agent-a", "t-1", NOW, 30, 1, "reach-hub"), /another issuer/);
+  const got = { taskId: "t-1", attemptSeq: 1, method: "echo", bodySha256: bodyDigest(RAW) };
+  assert.equal(checkClaims(claimsFor(), "agent-a", got, NOW), null);
+  assert.match(checkClaims(claimsFor({ attempt_seq: 1.5 }), "agent-a", got, NOW), /attempt_seq/);
+  assert.match(checkClaims(claimsFor({ iss: "x" }), "agent-a", got, NOW, 30, "reach-hub"), /another issuer/);
+  assert.match(checkClaims(claimsFor(), "agent-a", { ...got, attemptSeq: undefined }, NOW), /names no attempt_seq/);
+  assert.match(checkClaims(claimsFor(), "agent-a", { ...got, bodySha256: bodyDigest("{}") }, NOW), /another body/);
+  // the digest is the Python hub's: hex sha256 of the bytes
+  assert.equal(bodyDigest("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
 });
 
 test("dedup: a finished answer is returned, a failure is not remembered", () => {

@@ -186,6 +186,23 @@ test("a replayed delivery is refused 401 and the handler does not run again", as
   assert.match(again.body.message, /replayed jti/);
   assert.equal(counts.get(`echo:${taskId}`), 1);
 
+  // the same token with another payload, or on another method: the token binds both
+  const forged = captured.raw.toString().replace('"z":3', '"z":3000');
+  assert.notEqual(forged, captured.raw.toString());
+  const otherBody = await post(`http://127.0.0.1:${portA}${captured.url}`, forged, {
+    Authorization: captured.headers.authorization,
+  });
+  assert.equal(otherBody.status, 401);
+  assert.match(otherBody.body.message, /signed for another body/);
+  const otherMethod = await post(
+    `http://127.0.0.1:${portA}${captured.url.replace("/tasks/echo", "/tasks/later")}`,
+    captured.raw.toString(),
+    { Authorization: captured.headers.authorization },
+  );
+  assert.equal(otherMethod.status, 401);
+  assert.match(otherMethod.body.message, /another method/);
+  assert.equal(counts.get(`echo:${taskId}`), 1);
+
   // the same, genuine token shown to another agent: not its audience
   const portB = await freePort();
   const agentB = new Agent({ agentId: "node-b", addr: `127.0.0.1:${portB}`, hub: hub.url, allowLoopback: true });

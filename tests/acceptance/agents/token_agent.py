@@ -4,6 +4,7 @@ Beside the agent's own server, a stats server on ``--stats-port`` answers ``GET 
 
     {"runs": {task_id: n},                       handler runs
      "presented": {task_id: [authorization...]}, the Authorization header of each request
+     "bodies": {task_id: [body...]},             and its body, as received (text)
      "refused": {task_id: [status...]},          the SDK's refusals, before any handler
      "jwks_fetches": n}                          the agent's requests for its hub's keys
 
@@ -44,18 +45,20 @@ args = parser.parse_args()
 lock = threading.Lock()
 runs: dict[str, int] = defaultdict(int)
 presented: dict[str, list[str | None]] = defaultdict(list)
+bodies: dict[str, list[str]] = defaultdict(list)
 refused: dict[str, list[int]] = defaultdict(list)
 jwks_fetches = 0
 
 
 class SeeingAgent(reach.Agent):
     def admit(
-        self, body: Mapping[str, Any], authorization: str | None
+        self, body: Mapping[str, Any], authorization: str | None, *, method: str, raw: bytes
     ) -> tuple[int, dict[str, Any]] | None:
         task_id = str(body.get("task_id"))
         with lock:
             presented[task_id].append(authorization)
-        answer = super().admit(body, authorization)
+            bodies[task_id].append(raw.decode(errors="replace"))
+        answer = super().admit(body, authorization, method=method, raw=raw)
         if answer is not None:
             with lock:
                 refused[task_id].append(answer[0])
@@ -122,6 +125,7 @@ def stats_server() -> ThreadingHTTPServer:
                     {
                         "runs": dict(runs),
                         "presented": dict(presented),
+                        "bodies": dict(bodies),
                         "refused": dict(refused),
                         "jwks_fetches": jwks_fetches,
                     }

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from typing import Any
@@ -134,8 +135,9 @@ def channel_router(ctx: HubContext, require_auth: bool) -> APIRouter:
             link = channels.holding(instance_id, secret)
         except NotHere:
             return _not_here(instance_id)
+        raw = await request.body()
         try:
-            body = await request.json()
+            body = json.loads(raw)
         except ValueError:
             body = None
         if not isinstance(body, dict) or not isinstance(body.get("task_id"), str):
@@ -151,7 +153,7 @@ def channel_router(ctx: HubContext, require_auth: bool) -> APIRouter:
         )
         try:
             answer = await link.deliver(
-                body["task_id"], seq, method, body, request.headers.get("authorization"), timeout
+                body["task_id"], seq, method, raw, request.headers.get("authorization"), timeout
             )
         except NotHere:
             return _not_here(instance_id)

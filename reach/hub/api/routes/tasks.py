@@ -258,6 +258,7 @@ class Intake:
                         published_at=now,
                         look_first=attempts > 1,
                         caller=submitter.identity,
+                        principal=submitter,
                         l3_cap=ctx.settings.security.l3_max_payload_bytes,
                         approval=ctx.approval_policy,
                         limits=self.limits,
