@@ -13,11 +13,14 @@ breaker_opened, breaker_closed          ``instance_events`` ``breaker_open`` /
 dependency_loop_suspected, _calmed      ``audit_log`` rows (`reach.hub.loops`)
 backpressure                            ``audit_log`` action ``backpressure``
                                         (`BackpressureLog`, at the submit's 429)
+dead_letter                             ``dead_letters`` rows (a task out of retries,
+                                        ``reach.hub.ledger``), replayed or not
 ======================================  ==============================================
 
-`list_alerts` merges the two tables newest first on one keyset cursor: ``(at, rank,
+`list_alerts` merges the three tables newest first on one keyset cursor: ``(at, rank,
 id)``, where ``rank`` says which table a row is from, so a page boundary between two rows
-of the same instant is exact.
+of the same instant is exact. A dead letter's alert names the task, its method, its
+attempts and why; never its payload (the dead-letter queue keeps that for a replay).
 
 A 429 refusal rolls its submit back, so `BackpressureLog` writes its audit row in a
 transaction of its own, at most one per agent per `BackpressureLog.every_s` in a process
@@ -47,7 +50,7 @@ from reach.core.paging import (
 from reach.errors import Backpressure
 from reach.hub import audit
 from reach.hub.context import HubContext
-from reach.hub.storage.models import AuditRow, InstanceEventRow
+from reach.hub.storage.models import AuditRow, DeadLetterRow, InstanceEventRow
 
 __all__ = ["ALERTS", "KINDS", "BackpressureLog", "Page", "list_alerts", "parse_kinds"]
 
@@ -58,11 +61,13 @@ _HEALTH: Final = frozenset({"heartbeat_lost", "business_unreachable", "failing"}
 _STATUS: Final = frozenset({"offline", "unreachable"})
 _BREAKER: Final = {"breaker_opened": "breaker_open", "breaker_closed": "breaker_closed"}
 _AUDITED: Final = frozenset({"dependency_loop_suspected", "dependency_loop_calmed", "backpressure"})
-KINDS: Final = _HEALTH | _STATUS | frozenset(_BREAKER) | _AUDITED
+DEAD_LETTER: Final = "dead_letter"
+KINDS: Final = _HEALTH | _STATUS | frozenset(_BREAKER) | _AUDITED | {DEAD_LETTER}
 """Every alert kind `list_alerts` knows."""
 
 _EVENTS_RANK: Final = 0
 _AUDIT_RANK: Final = 1
+_DEAD_LETTER_RANK: Final = 2
 BACKPRESSURE: Final = "backpressure"
 
 
@@ -104,6 +109,15 @@ def list_alerts(
             rows = _window(rows, au.at, au.id, _AUDIT_RANK, since, until, after)
             for entry in session.scalars(rows.order_by(au.at.desc(), au.id.desc()).limit(size + 1)):
                 found.append((Position(entry.at, _AUDIT_RANK, entry.id), _from_audit(entry)))
+        if DEAD_LETTER in wanted:
+            dl = DeadLetterRow
+            letters = _window(
+                select(dl), dl.created_at, dl.id, _DEAD_LETTER_RANK, since, until, after
+            )
+            ordered = letters.order_by(dl.created_at.desc(), dl.id.desc()).limit(size + 1)
+            for letter in session.scalars(ordered):
+                position = Position(letter.created_at, _DEAD_LETTER_RANK, letter.id)
+                found.append((position, _from_dead_letter(letter)))
     found.sort(key=lambda pair: pair[0], reverse=True)
     page = found[:size]
     more = len(found) > size
@@ -202,6 +216,27 @@ def _from_audit(row: AuditRow) -> dict[str, Any]:
             f"{detail.get('window_s')} s, threshold {detail.get('threshold')})"
         )
     return _item(row.action, row.at, agent_id, None, summary, detail, "audit", row.id)
+
+
+def _from_dead_letter(row: DeadLetterRow) -> dict[str, Any]:
+    error = dict(row.last_error or {})
+    reason = row.reason or str(error.get("kind") or "retries spent")
+    replayed = f"; replayed at {row.replayed_at:.0f}" if row.replayed_at is not None else ""
+    summary = (
+        f"{row.agent_id or 'no agent'}: task {row.task_id} ({row.method}) dead-lettered after "
+        f"{row.attempts} attempts: {reason}{replayed}"
+    )
+    details = {  # never the payload: the dead-letter queue keeps it for a replay
+        "task_id": row.task_id,
+        "method": row.method,
+        "attempts": row.attempts,
+        "reason": row.reason,
+        "last_error": error,
+        "replayed_at": row.replayed_at,
+    }
+    return _item(
+        DEAD_LETTER, row.created_at, row.agent_id, None, summary, details, "dead_letter", row.id
+    )
 
 
 def _item(

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, update
+from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session
 
 from reach.core import dags
@@ -23,7 +23,7 @@ from reach.core.loops import LinkCounts
 from reach.core.paging import DagRunFilter, Page, TaskFilter
 from reach.core.statuses import DagRunStatus, TaskStatus
 from reach.errors import Backpressure, BadCursor, InvalidQuery
-from reach.hub import admission, breakers, dagruns, monitoring, registry
+from reach.hub import admission, breakers, dagruns, ledger, monitoring, registry
 from reach.hub.alerts import KINDS, BackpressureLog, list_alerts
 from reach.hub.clock import ManualClock
 from reach.hub.context import HubContext
@@ -282,6 +282,13 @@ def raise_every_alert(ctx: HubContext) -> None:
         log.record(ctx, full.value, "key:aaaa")
     clock.advance(11)
     log.record(ctx, full.value, "key:aaaa")
+    clock.advance(1)
+    with ctx.transaction() as s:  # a task out of retries: the dead-letter queue's row
+        task = s.scalars(select(TaskRow).where(TaskRow.task_id == "t-full")).one()
+        task.payload = {"card": "4111-secret"}
+        ledger.dead_letter(
+            s, task, clock.now(), reason="retries exhausted", error={"kind": "timeout"}
+        )
 
 
 def test_alerts_of_every_kind_newest_first(ctx: HubContext) -> None:
@@ -296,6 +303,7 @@ def test_alerts_of_every_kind_newest_first(ctx: HubContext) -> None:
         "dependency_loop_suspected",
         "dependency_loop_calmed",
         "backpressure",
+        "dead_letter",
     }, kinds
     assert set(kinds) <= KINDS
     ats = [a["at"] for a in page.items]
@@ -318,13 +326,20 @@ def test_alerts_of_every_kind_newest_first(ctx: HubContext) -> None:
     assert [a["details"]["refused"] for a in refusals] == [3, 1]  # newest first
     assert refusals[0]["agent_id"] == "pay-01" and "3 submits refused" in refusals[0]["summary"]
     assert "queue full (1 of 1)" in refusals[1]["summary"]
+    dead = by_kind["dead_letter"]  # the newest: the last one raised
+    assert page.items[0] is dead and dead["agent_id"] == "pay-01"
+    assert dead["summary"] == (
+        "pay-01: task t-full (m) dead-lettered after 0 attempts: retries exhausted"
+    )
+    assert dead["details"]["task_id"] == "t-full" and dead["source"] == "dead_letter"
+    assert "4111-secret" not in str(dead)  # never the payload
     for alert in page.items:
         assert alert["summary"] and "\n" not in alert["summary"]
         assert isinstance(alert["details"], dict)
 
 
 @pytest.mark.parametrize("limit", [1, 2, 3])
-def test_alerts_page_across_both_tables_without_gaps(ctx: HubContext, limit: int) -> None:
+def test_alerts_page_across_the_tables_without_gaps(ctx: HubContext, limit: int) -> None:
     raise_every_alert(ctx)
     whole = list_alerts(ctx, None, None, None, 500).items
     got = everything(lambda c, n: list_alerts(ctx, None, None, c, n), limit)
@@ -334,7 +349,13 @@ def test_alerts_page_across_both_tables_without_gaps(ctx: HubContext, limit: int
 def test_alert_filters(ctx: HubContext) -> None:
     raise_every_alert(ctx)
     whole = list_alerts(ctx, None, None, None, 500).items
-    for kinds in ({"offline"}, {"breaker_opened", "backpressure"}, {"dependency_loop_calmed"}):
+    for kinds in (
+        {"offline"},
+        {"breaker_opened", "backpressure"},
+        {"dependency_loop_calmed"},
+        {"dead_letter"},
+        {"dead_letter", "offline"},
+    ):
         got = list_alerts(ctx, kinds, None, None, 500).items
         assert got == [a for a in whole if a["kind"] in kinds]
     since = whole[2]["at"]
