@@ -326,8 +326,11 @@ def test_a_malformed_body_without_a_key_is_still_401(hub: Hub) -> None:
 
 
 def test_the_open_paths_need_no_key(hub: Hub) -> None:
-    for path in ("/healthz", "/openapi.json", "/docs"):
+    for path in ("/healthz", "/.well-known/jwks.json"):
         assert hub.call("GET", path).status_code == 200, path
+    # the API's description takes a key; its CDN pages are not served (issue 37, item 20)
+    assert_problem(hub, hub.call("GET", "/openapi.json"), 401, "unauthenticated")
+    assert hub.call("GET", "/openapi.json", hub.keys.caller).status_code == 200
 
 
 def test_revocation_and_expiry_act_on_the_next_request(hub: Hub) -> None:

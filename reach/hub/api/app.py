@@ -81,11 +81,16 @@ def create_app(
         finally:
             waiters.stop()
 
+    # /docs and /redoc load their scripts from a CDN: with auth on they would run a third
+    # party's code on the dashboard's origin, so only an open (loopback demo) hub has them.
+    # /openapi.json itself is served either way (behind a key when auth is on).
     app = FastAPI(
         lifespan=lifespan,
         title="Agent-Reach hub" + ("" if surface is Surface.ALL else f" ({surface.value})"),
         version="0.1.0",
         description="Registry, reachability and delivery between AI agents.",
+        docs_url=None if require_auth else "/docs",
+        redoc_url=None if require_auth else "/redoc",
     )
     app.state.ctx = ctx
     app.state.require_auth = require_auth

@@ -42,18 +42,10 @@ from reach.hub.context import HubContext
 
 log = logging.getLogger("reach.security")
 
-# Paths anyone may read: liveness, the public keys agents verify reach tokens with, and
-# the API's own description.
-OPEN_PATHS = frozenset(
-    {
-        "/healthz",
-        "/.well-known/jwks.json",
-        "/openapi.json",
-        "/docs",
-        "/docs/oauth2-redirect",
-        "/redoc",
-    }
-)
+# Paths anyone may read: liveness and the public keys agents verify reach tokens with.
+# The API's description (``/openapi.json``) takes any valid key once auth is on; its
+# browsable pages (``/docs``, ``/redoc``) are not served then at all (`reach.hub.api.app`).
+OPEN_PATHS = frozenset({"/healthz", "/.well-known/jwks.json"})
 
 INTERNAL_CHANNEL = "/internal/channel/"  # reach.hub.channel.INTERNAL_PREFIX
 MISSING = "an API key is required: send 'Authorization: Bearer <key>'"

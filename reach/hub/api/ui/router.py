@@ -18,6 +18,7 @@ from reach.hub.api.ui.pages import (
     LOGIN,
     NO_STORE,
     STATIC,
+    DashboardHeaders,
     article,
     check_csrf,
     clear_cookie,
@@ -40,8 +41,9 @@ NOT_FOR_SIGN_IN = (
 
 
 def install_ui(app: FastAPI, ctx: HubContext, stream_hub: StreamHub) -> None:
-    """Mount the dashboard on ``app`` (its routes and its refusal pages)."""
+    """Mount the dashboard on ``app`` (its routes, its refusal pages and its headers)."""
     install_handlers(app)
+    app.add_middleware(DashboardHeaders)  # outermost: refusals by AuthMiddleware too
     app.include_router(_base_router(ctx))
     app.include_router(fleet.router(ctx))
     app.include_router(tasks.router(ctx, stream_hub))
