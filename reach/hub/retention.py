@@ -9,7 +9,8 @@ What goes (``reach.core.retention`` computes the cut-offs):
 * finished DAG runs and their node rows; broadcasts whose deadline is past the cut-off;
   instance events older than the cut-off;
 * instances ``offline`` since before their own cut-off: they stop being probed, and an
-  agent that comes back registers again.
+  agent that comes back registers again;
+* dashboard sign-outs whose session has expired anyway (its cookie is refused by then).
 
 Every batch is one short transaction of a few statements over at most ``batch_size``
 rows, found through an index from its oldest end (migration 0007), so the sweep never
@@ -40,6 +41,7 @@ from reach.hub.storage.models import (
     OutboxRow,
     TaskEventRow,
     TaskRow,
+    UiSignOutRow,
 )
 
 log = logging.getLogger("reach.hub.retention")
@@ -65,7 +67,8 @@ def sweep(transaction: Transaction, now: float, policy: RetentionPolicy) -> Coun
     """Delete what is past retention, batch by batch; rows deleted per table."""
     cut = cutoffs(now, policy)
     total: Counts = {}
-    for batch in (_tasks, _dead_letters, _dag_runs, _broadcasts, _instance_events, _instances):
+    batches = (_tasks, _dead_letters, _dag_runs, _broadcasts, _instance_events, _instances)
+    for batch in (*batches, _sign_outs):
         for _ in range(policy.batches):
             with transaction() as session:
                 counts = batch(session, now, cut, policy.batch_size)
@@ -191,6 +194,16 @@ def _instances(session: Session, now: float, cut: Cutoffs, limit: int) -> Counts
             )
         )
     return {"instances": len(removed)}
+
+
+def _sign_outs(session: Session, now: float, cut: Cutoffs, limit: int) -> Counts:
+    old = (
+        select(UiSignOutRow.sid)
+        .where(UiSignOutRow.expires_at < now)
+        .order_by(UiSignOutRow.expires_at)
+        .limit(limit)
+    )
+    return {"ui_sign_outs": _count(session, delete(UiSignOutRow).where(UiSignOutRow.sid.in_(old)))}
 
 
 def _count(session: Session, stmt: Delete) -> int:

@@ -30,6 +30,7 @@ from reach.hub.storage.models import (
     OutboxRow,
     TaskEventRow,
     TaskRow,
+    UiSignOutRow,
 )
 from reach.schemas import RegisterRequest
 
@@ -269,3 +270,16 @@ def test_the_beat_schedule_runs_retention_at_its_interval() -> None:
 
     entry = beat_schedule(Settings())["reach.retention-sweep"]
     assert (entry["task"], entry["schedule"]) == ("reach.retention_sweep", 300.0)
+
+
+def test_a_sign_out_is_kept_until_its_session_would_have_expired(
+    sessions: sessionmaker[Session],
+) -> None:
+    """The record that refuses a signed-out dashboard cookie (issue 37, item 14) goes once
+    the cookie has expired anyway, and not before."""
+    with sessions.begin() as s:
+        for sid, expires_at in (("expired", NOW - 1), ("live", NOW + 3600)):
+            s.add(UiSignOutRow(sid=sid, key_id="k", signed_out_at=NOW - 60, expires_at=expires_at))
+    deleted = retention.sweep(sessions.begin, NOW, RetentionPolicy())
+    assert deleted == {"ui_sign_outs": 1}
+    assert column(sessions, UiSignOutRow.sid) == {"live"}

@@ -22,8 +22,9 @@ import requests
 import yaml
 
 from reach.core.auth import Scope
+from reach.hub.api.signin import COOKIE
 from reach.hub.api.ui.pages import TEMPLATES
-from tests.security.edge_hub import EdgeHub, assert_problem, edge_hub
+from tests.security.edge_hub import EdgeHub, assert_problem, csrf_of, edge_hub
 from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -125,3 +126,44 @@ def test_with_an_admin_port_the_public_port_serves_no_admin_api_or_dashboard(
             assert requests.get(f"{admin_url}{path}", headers=key, timeout=10).status_code == 200
         # agents and callers use the public port
         assert requests.get(f"{hub.url}/v1/tasks/nope", headers=key, timeout=10).status_code == 404
+
+
+def sign_in(hub: EdgeHub, secret: str, client: int = 1) -> tuple[requests.Session, str]:
+    """Sign in through the form as a browser does; the session and its cookie's value."""
+    browser = hub.client(client)
+    form = browser.get(f"{hub.url}/ui/login", timeout=10)
+    fields = {"api_key": secret, "next": "/ui", "csrf_token": csrf_of(form.text)}
+    signed_in = browser.post(f"{hub.url}/ui/login", data=fields, allow_redirects=False, timeout=10)
+    assert signed_in.status_code == 303, signed_in.text[:500]
+    return browser, signed_in.cookies[COOKIE]
+
+
+@SQLITE_ONLY
+def test_signing_out_ends_the_session_for_every_copy_of_its_cookie(hub: EdgeHub) -> None:
+    browser, cookie = sign_in(hub, hub.admin.secret)
+    page = browser.get(f"{hub.url}/ui", timeout=10)
+    assert page.status_code == 200 and hub.admin.key_id in page.text
+    stolen = {"Cookie": f"{COOKIE}={cookie}"}  # a copy taken while the session was live
+    assert requests.get(f"{hub.url}/ui", headers=stolen, timeout=10).status_code == 200
+
+    out = browser.post(
+        f"{hub.url}/ui/logout", data={"csrf_token": csrf_of(page.text)}, allow_redirects=False
+    )
+    assert out.status_code == 303 and out.headers["location"] == "/ui/login"
+
+    after = requests.get(f"{hub.url}/ui", headers=stolen, allow_redirects=False, timeout=10)
+    assert after.status_code == 303 and after.headers["location"].startswith("/ui/login")
+    # a refused cookie cannot post either: the form's session is gone with it
+    replay = requests.post(
+        f"{hub.url}/ui/logout",
+        headers=stolen,
+        data={"csrf_token": csrf_of(page.text)},
+        allow_redirects=False,
+        timeout=10,
+    )
+    assert replay.status_code == 403
+    # signing in again gives a new session, which works
+    _, fresh = sign_in(hub, hub.admin.secret)
+    assert fresh != cookie
+    again = {"Cookie": f"{COOKIE}={fresh}"}
+    assert requests.get(f"{hub.url}/ui", headers=again, timeout=10).status_code == 200

@@ -2,9 +2,11 @@
 
 The cookie (``reach_ui``, HttpOnly, SameSite=Strict, Path=/ui, Secure over https) holds
 ``<payload>.<mac>``: the payload names the key id, a random session id, the expiry and the
-signing key (``kid``) whose secret keyed the MAC. Nothing is stored server-side: every
-request checks the MAC, the expiry, and reads the key's row afresh, so revoking (or
-expiring) the key signs its sessions out on the very next request.
+signing key (``kid``) whose secret keyed the MAC. Every request checks the MAC, the expiry,
+that the session was not signed out (`sign_out` records its id in ``ui_sign_outs`` until
+it would have expired: a copy of the cookie is worthless after the sign-out), and reads
+the key's row afresh, so revoking (or expiring) the key signs its sessions out on the very
+next request.
 
 The MAC key is derived from the hub's current token-signing key (``reach.hub.signing``):
 the store is the hub's trust root already, every API process reads the same one, and no
@@ -32,7 +34,7 @@ from sqlalchemy.orm import Session
 from reach.core import auth
 from reach.core.auth import Principal, Scope
 from reach.hub import signing
-from reach.hub.storage.models import ApiKeyRow, SigningKeyRow
+from reach.hub.storage.models import ApiKeyRow, SigningKeyRow, UiSignOutRow
 
 COOKIE = "reach_ui"
 COOKIE_PATH = "/ui"
@@ -116,7 +118,18 @@ def open_session(db: Session, cookie: str, now: float) -> UiSession | None:
         return None
     if expires_at <= now:
         return None
+    if key_id is not None and db.get(UiSignOutRow, sid) is not None:
+        return None  # signed out: the cookie is refused although its MAC is good
     return UiSession(key_id, sid, float(expires_at), kid, mac_key)
+
+
+def sign_out(db: Session, ui: UiSession, now: float) -> None:
+    """End a signed-in session for good: its cookie is refused from now on, whoever holds
+    a copy. An anonymous session (no key) is only forgotten by the browser: it grants
+    nothing, and recording it would let anyone grow the table."""
+    if ui.key_id is None or db.get(UiSignOutRow, ui.sid) is not None:
+        return
+    db.add(UiSignOutRow(sid=ui.sid, key_id=ui.key_id, signed_out_at=now, expires_at=ui.expires_at))
 
 
 def principal_of(db: Session, ui: UiSession, now: float) -> Principal | None:

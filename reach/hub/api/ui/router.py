@@ -103,6 +103,9 @@ def _base_router(ctx: HubContext) -> APIRouter:
     async def logout(request: Request) -> Response:
         session = getattr(request.state, "ui_session", None)
         await check_csrf(request, session)
+        if isinstance(session, signin.UiSession) and session.key_id is not None:
+            now = ctx.clock.now()
+            await run_in_threadpool(ctx.write, lambda db: signin.sign_out(db, session, now))
         response = RedirectResponse(LOGIN, status_code=303, headers=NO_STORE)
         clear_cookie(request, response)
         return response
