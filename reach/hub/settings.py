@@ -342,6 +342,15 @@ class SecuritySettings(_Section):
     l3_max_payload_bytes: int = Field(
         65_536, ge=256, description="the payload cap of reaches to or from an L3 agent"
     )
+    # failed authentications (bearer keys, the dashboard's sign-in) per client address:
+    # this many within the window lock the address out (429, Retry-After) until the oldest
+    # leaves it (reach.core.lockout)
+    auth_failures_max: int = Field(
+        30, ge=1, le=100_000, description="failed authentications that lock an address out"
+    )
+    auth_failures_window_s: float = Field(
+        60.0, gt=0, le=86400, description="the window auth_failures_max is counted over"
+    )
     tls: TlsSettings = TlsSettings()
 
 

@@ -141,7 +141,14 @@ def hub(
     )
     revoke(engine, keys.revoked.key_id)
     port = free_port()
-    env = hub_env(shared_store_url, home, REACH_SECURITY__REQUIRE_AUTH="true")
+    # this module fails hundreds of credentials from one address on purpose: no lockout
+    # (tests/security/test_login_limits.py tests it)
+    env = hub_env(
+        shared_store_url,
+        home,
+        REACH_SECURITY__REQUIRE_AUTH="true",
+        REACH_SECURITY__AUTH_FAILURES_MAX="100000",
+    )
     proc = HubProcess(["api", "--port", str(port)], env, home / "api.log")
     settings = load_settings(
         environ={

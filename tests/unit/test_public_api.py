@@ -57,6 +57,7 @@ EXPECTED_ALL = [
     "TaskConflict",
     "TaskError",
     "TaskResult",
+    "TooManyAuthFailures",
     "Unauthenticated",
     "UnknownAgent",
     "UnknownInstance",

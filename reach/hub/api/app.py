@@ -20,6 +20,7 @@ from reach.hub import admission, approvals, loops, metrics, monitoring, registry
 from reach.hub.api import links
 from reach.hub.api.admission import MemoryAdmissionMiddleware
 from reach.hub.api.auth import AuthMiddleware, demand_agent, require
+from reach.hub.api.lockout import AuthLockout
 from reach.hub.api.problems import BodyLimitMiddleware, install_problem_handlers
 from reach.hub.api.routes.a2a import a2a_router
 from reach.hub.api.routes.agents_admin import agents_admin_router
@@ -103,7 +104,9 @@ def create_app(
     app.add_middleware(MemoryAdmissionMiddleware, gauge=gauge)
     # added last, so outermost: a request without a valid credential is refused before
     # its body is read
-    app.add_middleware(AuthMiddleware, ctx=ctx, require_auth=require_auth)
+    lockout = AuthLockout.configured(ctx.settings)  # bearer failures and sign-ins alike
+    app.state.auth_lockout = lockout
+    app.add_middleware(AuthMiddleware, ctx=ctx, require_auth=require_auth, lockout=lockout)
     app.include_router(_health_router(ctx))
     app.include_router(_jwks_router(ctx))  # every surface: agents verify with these keys
     if surface in (Surface.ALL, Surface.PUBLIC):

@@ -351,6 +351,16 @@ export class Forbidden extends SecurityError {
   static override readonly title: string = "Forbidden";
 }
 
+/**
+ * Too many failed authentications from this client address: no credential it sends is
+ * checked until `retryAfterMs` (other addresses, and their keys, are not affected).
+ */
+export class TooManyAuthFailures extends SecurityError {
+  static override readonly slug: string = "too-many-auth-failures";
+  static override readonly defaultStatus: number = 429;
+  static override readonly title: string = "Too many failed authentications";
+}
+
 /** A delivery's reach token is forged, expired, replayed or meant for someone else. */
 export class InvalidReachToken extends SecurityError {
   static override readonly slug: string = "invalid-reach-token";
@@ -518,6 +528,7 @@ export const ERROR_CLASSES: readonly (typeof ReachError)[] = [
   Forbidden,
   InvalidReachToken,
   InvalidSignature,
+  TooManyAuthFailures,
   UnknownKey,
   ApprovalError,
   UnknownApproval,
