@@ -548,6 +548,14 @@ class RequestTooLarge(ReachError):
     title = "Payload too large"
 
 
+class HeadersTooLarge(ReachError):
+    """The request line and headers exceed the server's size or count limit."""
+
+    slug = "headers-too-large"
+    status = 431
+    title = "Request header fields too large"
+
+
 class MalformedRequest(ReachError):
     """The request body is not valid JSON or not of the expected shape."""
 

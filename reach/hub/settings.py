@@ -78,6 +78,17 @@ class ServerSettings(_Section):
     stream_ping_s: float = Field(
         15.0, gt=0, le=300, description="keep-alive comment on an idle progress stream"
     )
+    # the API's edge (reach.hub.api.edge): limits a client meets before any route
+    max_header_bytes: int = Field(
+        65_536, ge=8192, le=1 << 20, description="request line plus headers (431 past it)"
+    )
+    max_headers: int = Field(100, ge=16, le=10_000, description="headers per request (431)")
+    header_timeout_s: float = Field(
+        10.0, gt=0, le=300, description="a request's head must arrive this soon, else closed"
+    )
+    max_connections: int = Field(
+        4096, ge=16, le=1_000_000, description="connections per listener (503 past it)"
+    )
 
     @field_validator("port", "admin_port", mode="before")
     @classmethod

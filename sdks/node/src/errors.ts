@@ -466,6 +466,13 @@ export class RequestTooLarge extends ReachError {
   static override readonly title: string = "Payload too large";
 }
 
+/** The request line and headers exceed the server's size or count limit. */
+export class HeadersTooLarge extends ReachError {
+  static override readonly slug: string = "headers-too-large";
+  static override readonly defaultStatus: number = 431;
+  static override readonly title: string = "Request header fields too large";
+}
+
 /** The request body is not valid JSON or not of the expected shape. */
 export class MalformedRequest extends ReachError {
   static override readonly slug: string = "malformed-request";
@@ -542,6 +549,7 @@ export const ERROR_CLASSES: readonly (typeof ReachError)[] = [
   SessionClosed,
   UnknownSession,
   RequestTooLarge,
+  HeadersTooLarge,
   MalformedRequest,
   InvalidQuery,
   BadCursor,
