@@ -27,6 +27,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SecretStr,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -361,6 +362,10 @@ class SecuritySettings(_Section):
     )
     auth_failures_window_s: float = Field(
         60.0, gt=0, le=86400, description="the window auth_failures_max is counted over"
+    )
+    # secrets at rest (reach.hub.sealing): unset, <storage.home>/seal.key (made on first use)
+    seal_key: SecretStr | None = Field(
+        None, description="base64url of 32 bytes; every hub process needs the same one"
     )
     tls: TlsSettings = TlsSettings()
 

@@ -157,7 +157,7 @@ class AuthMiddleware:
     def _session(self, cookie: str) -> tuple[signin.UiSession | None, Principal | None]:
         now = self.ctx.clock.now()
         with self.ctx.reading() as session:
-            ui = signin.open_session(session, cookie, now)
+            ui = signin.open_session(session, cookie, now, signin.mac_key(self.ctx.seal))
             return ui, (signin.principal_of(session, ui, now) if ui is not None else None)
 
     def _check(self, header: str) -> Principal | Refusal:

@@ -240,15 +240,9 @@ class DashboardHeaders:
 
 
 def new_session(ctx: HubContext, key_id: str | None) -> tuple[UiSession, str]:
-    """A new session and its cookie. A read, but for the hub's very first signing key:
-    anyone may ask for a page, and must not be able to take SQLite's write lock by it."""
-    now = ctx.clock.now()
-    with ctx.reading() as db:
-        key = signin.mac_key(db, now)
-    if key is None:
-        key = ctx.write(lambda db: signin.mac_key(db, now, create=True))
-    assert key is not None  # create=True always finds or makes one
-    return signin.new_session(key, key_id, now)
+    """A new session and its cookie (nothing is read or written: anyone may ask for a
+    page, and must not be able to touch the database by it)."""
+    return signin.new_session(signin.mac_key(ctx.seal), key_id, ctx.clock.now())
 
 
 def set_cookie(request: Request, response: Response, value: str) -> None:

@@ -1,0 +1,86 @@
+"""Secrets at rest and separate keys for separate purposes (issue 37, item 19), against a
+real ``reach api`` process.
+
+Before: the dashboard's session cookies were MACed with a key derived from the token-signing
+key's private PEM, which the database holds in plaintext: anyone who could read the
+database (a backup, a replica) could forge a signed-in session for any admin key.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import stat
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from reach.hub.api.signin import COOKIE
+from reach.hub.sealing import KEY_FILE, SealKey
+from reach.hub.storage.models import SigningKeyRow
+from tests.security.edge_hub import EdgeHub, csrf_of, edge_hub
+
+pytestmark = pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def forged_cookie(row: SigningKeyRow, key_id: str) -> str:
+    """A session cookie made the way the hub made them before: its MAC keyed by the
+    token-signing key's PEM, read from the database."""
+    mac_key = hmac.new(
+        row.private_pem.encode(), b"agent-reach dashboard session v1", hashlib.sha256
+    ).digest()
+    body = {"k": key_id, "s": "forged-session", "e": time.time() + 3600, "v": row.kid}
+    payload = _b64(json.dumps(body, separators=(",", ":")).encode())
+    mac = hmac.new(mac_key, payload.encode(), hashlib.sha256).digest()
+    return f"{payload}.{_b64(mac)}"
+
+
+def sign_in(hub: EdgeHub) -> str:
+    browser = hub.client(1)
+    form = browser.get(f"{hub.url}/ui/login", timeout=10)
+    fields = {"api_key": hub.admin.secret, "next": "/ui", "csrf_token": csrf_of(form.text)}
+    answer = browser.post(f"{hub.url}/ui/login", data=fields, allow_redirects=False, timeout=10)
+    assert answer.status_code == 303
+    return str(answer.cookies[COOKIE])
+
+
+def page_for(hub: EdgeHub, cookie: str) -> int:
+    headers = {"Cookie": f"{COOKIE}={cookie}"}
+    return requests.get(
+        f"{hub.url}/ui", headers=headers, allow_redirects=False, timeout=10
+    ).status_code
+
+
+def test_the_database_alone_cannot_forge_a_dashboard_session(
+    store_url: str, tmp_path: Path
+) -> None:
+    with edge_hub(store_url, tmp_path) as hub:
+        assert requests.get(f"{hub.url}/.well-known/jwks.json", timeout=10).json()["keys"]
+        with Session(hub.engine) as db:
+            row = db.scalars(select(SigningKeyRow)).first()
+            assert row is not None
+            db.expunge(row)
+        assert page_for(hub, forged_cookie(row, hub.admin.key_id)) == 303  # to the sign-in
+
+        # the session key is the seal key's own: sessions outlive the token-signing keys
+        cookie = sign_in(hub)
+        assert page_for(hub, cookie) == 200
+        with Session(hub.engine) as db, db.begin():
+            db.query(SigningKeyRow).delete()
+        assert page_for(hub, cookie) == 200
+        key_file = tmp_path / KEY_FILE  # the seal key: in the hub's home, not the database
+        assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+
+    # another seal key: every session it did not sign is refused
+    with edge_hub(store_url, tmp_path, REACH_SECURITY__SEAL_KEY=SealKey.generate()) as hub:
+        assert page_for(hub, cookie) == 303
