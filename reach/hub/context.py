@@ -5,6 +5,7 @@ Built once per process (API, worker child) and passed explicitly; nothing here i
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -87,7 +88,7 @@ class HubContext:
 
     @cached_property
     def delivery_policy(self) -> DeliveryPolicy:
-        return DeliveryPolicy.from_settings(self.settings)
+        return dataclasses.replace(DeliveryPolicy.from_settings(self.settings), seal=self.seal)
 
     @cached_property
     def matcher(self) -> Matcher:

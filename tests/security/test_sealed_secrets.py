@@ -21,6 +21,8 @@ import requests
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from reach.errors import ConfigError
+from reach.hub import signing
 from reach.hub.api.signin import COOKIE
 from reach.hub.sealing import KEY_FILE, SealKey
 from reach.hub.storage.models import SigningKeyRow
@@ -61,7 +63,7 @@ def page_for(hub: EdgeHub, cookie: str) -> int:
     ).status_code
 
 
-def test_the_database_alone_cannot_forge_a_dashboard_session(
+def test_the_database_alone_cannot_forge_a_session_or_sign_a_token(
     store_url: str, tmp_path: Path
 ) -> None:
     with edge_hub(store_url, tmp_path) as hub:
@@ -71,6 +73,14 @@ def test_the_database_alone_cannot_forge_a_dashboard_session(
             assert row is not None
             db.expunge(row)
         assert page_for(hub, forged_cookie(row, hub.admin.key_id)) == 303  # to the sign-in
+
+        # the token-signing key is sealed: the database holds no private key
+        assert row.private_pem.startswith("sealed:v1:") and "PRIVATE KEY" not in row.private_pem
+        seal = SealKey.load(None, tmp_path)  # the hub's home holds the key that opens it
+        opened = signing.private_key(row, seal)
+        assert signing.public_jwk(opened)["kid"] == row.kid
+        with pytest.raises(ConfigError):  # another hub's seal key opens nothing
+            signing.private_key(row, SealKey(b"x" * 32))
 
         # the session key is the seal key's own: sessions outlive the token-signing keys
         cookie = sign_in(hub)

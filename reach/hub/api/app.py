@@ -155,7 +155,7 @@ def _jwks_router(ctx: HubContext) -> APIRouter:
         with ctx.reading() as session:
             keys = signing.jwks(session, now)
         if not keys["keys"]:  # before the first delivery: make the key agents will need
-            keys = ctx.write(lambda s: signing.jwks(s, now, ensure=True))
+            keys = ctx.write(lambda s: signing.jwks(s, now, ensure=True, seal=ctx.seal))
         return JSONResponse(keys, headers={"Cache-Control": "public, max-age=60"})
 
     return router

@@ -9,6 +9,7 @@ from reach.core.breaker import BreakerPolicy
 from reach.core.priority import PriorityPolicy
 from reach.core.retry import RetryPolicy
 from reach.core.retry_budget import RetryBudget
+from reach.hub.sealing import SealKey
 from reach.hub.settings import Settings
 from reach.hub.storage.models import TaskRow
 
@@ -32,6 +33,7 @@ class DeliveryPolicy:
     l3_max_payload_bytes: int = 65_536  # the payload cap of reaches to or from an L3 agent
     retry_budget: RetryBudget = field(default_factory=RetryBudget)  # re-sends per target
     priority: PriorityPolicy = field(default_factory=PriorityPolicy)  # background yields
+    seal: SealKey | None = None  # opens the signing key (reach.hub.sealing): HubContext's
 
     @classmethod
     def from_settings(cls, settings: Settings) -> DeliveryPolicy:
