@@ -23,10 +23,14 @@ from sqlalchemy.orm import Session
 
 from reach.errors import ConfigError
 from reach.hub import signing
+from reach.hub.a2a import exchange
 from reach.hub.api.signin import COOKIE
 from reach.hub.sealing import KEY_FILE, SealKey
-from reach.hub.storage.models import SigningKeyRow
+from reach.hub.storage.models import InstanceRow, SigningKeyRow
+from tests.conftest import wait_http_ok
 from tests.security.edge_hub import EdgeHub, csrf_of, edge_hub
+from tests.support.a2a_echo import A2aEchoProcess
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 
@@ -94,3 +98,31 @@ def test_the_database_alone_cannot_forge_a_session_or_sign_a_token(
     # another seal key: every session it did not sign is refused
     with edge_hub(store_url, tmp_path, REACH_SECURITY__SEAL_KEY=SealKey.generate()) as hub:
         assert page_for(hub, cookie) == 303
+
+
+def test_an_a2a_credential_is_stored_sealed(store_url: str, tmp_path: Path) -> None:
+    secret = "a2a-bearer-secret-" + "z" * 24
+    (tmp_path / "hub").mkdir()
+    agent = A2aEchoProcess(free_port(), tmp_path / "echo.jsonl", streaming=False, bearer=secret)
+    try:
+        wait_http_ok(agent.url + "/.well-known/agent-card.json")
+        with edge_hub(store_url, tmp_path / "hub") as hub:
+            added = requests.post(
+                f"{hub.url}/api/v1/agents/a2a",
+                json={"card_url": agent.url, "credential": secret, "allow_loopback": True},
+                headers={"Authorization": f"Bearer {hub.admin.secret}"},
+                timeout=30,
+            )
+            assert added.status_code == 201, added.text
+            instance_id = added.json()["instance_id"]
+            with Session(hub.engine) as db:
+                row = db.get(InstanceRow, instance_id)
+                assert row is not None and row.a2a_credential is not None
+                assert secret not in row.a2a_credential
+                seal = SealKey.load(None, tmp_path / "hub")
+                peer = exchange.peer_of(db, instance_id, seal)  # what a delivery presents
+                assert peer is not None and peer.credential == secret
+                with pytest.raises(ConfigError):  # the database alone opens nothing
+                    exchange.peer_of(db, instance_id, None)
+    finally:
+        agent.stop()
