@@ -113,7 +113,7 @@ def run(rounds: int = ROUNDS) -> dict[str, Any]:
         transport = AgentTransport()
         breakers = Breakers()
         cache = CandidateCache(ctx.settings.router.candidate_ttl)
-        signer = Signer(ctx.sessions, issuer="agent-reach", ttl_s=300)
+        signer = Signer(ctx.sessions, issuer="agent-reach", ttl_s=300, seal=ctx.seal)
         rng = random.Random(7)
         ops: dict[str, list[float]] = {
             "submit": [], "publish": [], "deliver": [], "heartbeat": [], "register": [],

@@ -38,7 +38,8 @@
     │   ├── Unauthenticated         no valid credential (missing, unknown, expired, revoked)
     │   ├── Forbidden               a valid credential outside its scope, agent or allow-list
     │   ├── InvalidReachToken       a delivery's token is forged, expired, replayed or not ours
-    │   └── InvalidSignature        a hub-signed webhook's signature does not verify
+    │   ├── InvalidSignature        a hub-signed webhook's signature does not verify
+    │   └── TooManyAuthFailures     this address failed to authenticate too often (Retry-After)
     ├── UnknownKey                  no API key with this id (listing, revoking)
     ├── ApprovalError               a human decision on a parked task (issue 13)
     │   ├── UnknownApproval         no approval with this id
@@ -441,6 +442,17 @@ class InvalidSignature(SecurityError):
     title = "Invalid signature"
 
 
+class TooManyAuthFailures(SecurityError):
+    """This address failed to authenticate too often: no key it sends is checked for a while."""
+
+    slug = "too-many-auth-failures"
+    status = 429
+    title = "Too many failed authentications"
+
+    def headers(self) -> dict[str, str]:
+        return _retry_after(self.extra.get("retry_after"))
+
+
 class UnknownKey(ReachError):
     """No API key with this id exists (an operator listing or revoking keys)."""
 
@@ -543,6 +555,14 @@ class RequestTooLarge(ReachError):
     slug = "payload-too-large"
     status = 413
     title = "Payload too large"
+
+
+class HeadersTooLarge(ReachError):
+    """The request line and headers exceed the server's size or count limit."""
+
+    slug = "headers-too-large"
+    status = 431
+    title = "Request header fields too large"
 
 
 class MalformedRequest(ReachError):

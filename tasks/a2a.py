@@ -24,10 +24,16 @@ def a2a_cards() -> dict[str, int]:
     ctx = runtime()
     a2a = ctx.settings.a2a
     with ctx.transaction() as session:
-        due = cards.due_refreshes(session)
+        due = cards.due_refreshes(session, ctx.seal)
     read = sum(
         cards.refresh_one(
-            ctx.sessions, item, ctx.clock.now, ctx.policy, a2a.card_refresh_s, a2a.card_timeout_s
+            ctx.sessions,
+            item,
+            ctx.clock.now,
+            ctx.policy,
+            a2a.card_refresh_s,
+            a2a.card_timeout_s,
+            ctx.seal,
         )
         for item in due
     )
@@ -50,6 +56,7 @@ def a2a_follow() -> dict[str, int]:
         rng=_rng,
         poll_timeout=a2a.card_timeout_s,
         poll_failures=a2a.poll_failures,
+        seal=ctx.seal,
     )
     published = ctx.publish_attempts(retries) if retries else 0
     return {"retried": len(retries), "published": published}

@@ -34,7 +34,9 @@ def send_callback(self: Any, callback_id: int) -> str:
     ctx = runtime()
     settings = ctx.settings.callbacks
     try:
-        post = callbacks.prepare(ctx.sessions, settings, callback_id, ctx.clock.now(), _rng)
+        post = callbacks.prepare(
+            ctx.sessions, settings, callback_id, ctx.clock.now(), _rng, seal=ctx.seal
+        )
     except Exception as exc:  # the store refused: the row stays due, the net retries it
         log.warning("callback %s not attempted: %s: %s", callback_id, type(exc).__name__, exc)
         return "deferred"

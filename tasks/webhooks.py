@@ -28,7 +28,9 @@ def send_approval_webhook(self: Any, approval_id: str) -> str:
     ctx = runtime()
     settings = ctx.settings.approval
     try:
-        sent = approval_webhook.deliver(ctx.sessions, settings, approval_id, ctx.clock.now())
+        sent = approval_webhook.deliver(
+            ctx.sessions, settings, approval_id, ctx.clock.now(), seal=ctx.seal
+        )
     except HubUnavailable as exc:
         sent = approval_webhook.Sent(Answer.RETRY, f"the hub's database is unavailable: {exc}")
     except Exception as exc:  # the database refusing the read, say: asked again later

@@ -176,7 +176,10 @@ def api(
     _announce_semantic(ctx)
     bind = host or settings.server.host
     from reach.core.auth import auth_required
-    from reach.hub.api.serve import KEEP_ALIVE_S, serve_together
+    from reach.hub.api.edge import EdgeLimits
+    from reach.hub.api.serve import serve_together, uvicorn_options
+
+    limits = EdgeLimits.of(settings.server)  # header size, count and time; connections
 
     # resolved against the address actually bound: `--host 0.0.0.0` turns auth on
     require_auth = auth_required(settings.security.require_auth, bind)
@@ -189,16 +192,14 @@ def api(
         from reach.hub.api.serve import reuse_port_socket, serve_on
 
         sock = reuse_port_socket(bind, port or settings.server.port)
-        serve_on(create_app(ctx, require_auth=require_auth), sock)
+        serve_on(create_app(ctx, require_auth=require_auth), sock, limits)
         return
     if settings.server.admin_port is None:
         uvicorn.run(
             create_app(ctx, require_auth=require_auth),
             host=bind,
             port=port or settings.server.port,
-            log_level="info",
-            access_log=False,
-            timeout_keep_alive=KEEP_ALIVE_S,
+            **uvicorn_options(limits),
         )
         return
     from reach.hub.api.app import Surface
@@ -215,7 +216,8 @@ def api(
                 bind,
                 settings.server.admin_port,
             ),
-        ]
+        ],
+        limits,
     )
 
 

@@ -234,15 +234,22 @@ def rotate_signing(
 ) -> None:
     """Publish a new key for reach tokens; the old one stays published until its tokens end."""
     from reach.hub import audit, signing
+    from reach.hub.sealing import SealKey
     from reach.hub.settings import load_settings
 
     try:
-        grace = load_settings().security.signing_rotation_grace_s
+        settings = load_settings()
+        configured = settings.security.seal_key
+        seal = SealKey.load(
+            configured.get_secret_value() if configured is not None else None,
+            settings.storage.home_path,
+        )
     except ConfigError as exc:
         _die(f"configuration error: {exc}", BAD_INPUT)
+    grace = settings.security.signing_rotation_grace_s
     now = time.time()
     with _store() as session:
-        view = signing.rotate(session, now, grace, immediate=immediate)
+        view = signing.rotate(session, now, grace, immediate=immediate, seal=seal)
         audit.record(
             session,
             actor=_actor(),

@@ -49,6 +49,7 @@ from reach.core.webhooks import (
     signing_input,
 )
 from reach.hub import signing
+from reach.hub.sealing import SealKey
 from reach.hub.settings import ApprovalSettings
 from reach.hub.storage.models import ApprovalRow
 
@@ -101,8 +102,10 @@ def deliver(
     approval_id: str,
     now: float,
     resolve: Callable[[str, int], list[str]] | None = None,
+    seal: SealKey | None = None,
 ) -> Sent:
-    """POST one approval's request, signed; the answer says whether to ask again."""
+    """POST one approval's request, signed (the signing key opened with ``seal``); the
+    answer says whether to ask again."""
     url = settings.webhook_url
     if not url:
         return Sent(Answer.DROP, "approval.webhook_url is not set")
@@ -113,8 +116,8 @@ def deliver(
         if row.status != ApprovalStatus.PENDING or row.expires_at <= now:
             return Sent(Answer.DROP, f"already {row.status}: nothing to ask")
         body = canonical(request_body(_record(row), settings.public_url))
-        key = signing.current_key(session, now)
-        kid, pem = key.kid, key.private_pem
+        key = signing.current_key(session, now, seal)
+        kid, pem = key.kid, signing.private_pem(key, seal)
     if not settings.webhook_allow_private:
         try:
             refusal = url_refusal(url, resolve or _resolve)

@@ -45,6 +45,7 @@ from reach.core.webhooks import SIGNATURE_HEADER, Answer, answer_of, b64url, can
 from reach.core.webhooks import signing_input as _signing_input
 from reach.errors import CallbackRefused
 from reach.hub import signing
+from reach.hub.sealing import SealKey
 from reach.hub.settings import CallbackSettings
 from reach.hub.storage.models import CallbackRow, TaskRow
 
@@ -229,9 +230,11 @@ def prepare(
     callback_id: int,
     now: float,
     rng: random.Random,
+    seal: SealKey | None = None,
 ) -> Post | Sent:
-    """Claim the callback for its lease and sign its body: the `Post` to send, or what
-    the attempt came to without one (not due, the task gone, the URL refused)."""
+    """Claim the callback for its lease and sign its body (with the hub's signing key,
+    opened with ``seal``): the `Post` to send, or what the attempt came to without one
+    (not due, the task gone, the URL refused)."""
     lease = settings.timeout_s * 2 + 5
     with sessions.begin() as session:
         claimed = cast(
@@ -261,8 +264,8 @@ def prepare(
             body_dict = rules.progress_body(
                 callback_id, row.task_id, row.event_id, row.body or {}, row.context
             )
-        key = signing.current_key(session, now)
-        kid, pem = key.kid, key.private_pem
+        key = signing.current_key(session, now, seal)
+        kid, pem = key.kid, signing.private_pem(key, seal)
     if body_dict is None:
         gone = "the task is gone or not terminal"
         return _record(sessions, callback_id, "dead", gone, attempts, now, settings, rng)
@@ -310,10 +313,11 @@ def deliver(
     now: float,
     rng: random.Random,
     clock: Callable[[], float] | None = None,
+    seal: SealKey | None = None,
 ) -> Sent:
     """Claim, POST and record one callback, blocking (tools and tests; a worker POSTs
     from its exchanger's loop instead: ``tasks.callbacks``)."""
-    post = prepare(sessions, settings, callback_id, now, rng)
+    post = prepare(sessions, settings, callback_id, now, rng, seal)
     if isinstance(post, Sent):
         return post
     try:

@@ -5,6 +5,7 @@ Built once per process (API, worker child) and passed explicitly; nothing here i
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from reach.hub.embeddings.backends.minilm import MiniLM, MiniLMInt8, folder_mode
 from reach.hub.ledger import Publish, mark_published, unmark_published
 from reach.hub.matching import Matcher
 from reach.hub.monitoring import Policy
+from reach.hub.sealing import SealKey
 from reach.hub.settings import Settings
 from reach.hub.shared_counts import SharedCounts
 from reach.hub.storage import create_engine_for, read_session_factory, session_factory
@@ -82,8 +84,16 @@ class HubContext:
         return ApprovalPolicy.from_settings(self.settings)
 
     @cached_property
+    def seal(self) -> SealKey:
+        """The seal key of secrets at rest and the dashboard's cookies (`reach.hub.sealing`):
+        ``security.seal_key``, else ``<storage.home>/seal.key``."""
+        configured = self.settings.security.seal_key
+        secret = configured.get_secret_value() if configured is not None else None
+        return SealKey.load(secret, self.settings.storage.home_path)
+
+    @cached_property
     def delivery_policy(self) -> DeliveryPolicy:
-        return DeliveryPolicy.from_settings(self.settings)
+        return dataclasses.replace(DeliveryPolicy.from_settings(self.settings), seal=self.seal)
 
     @cached_property
     def matcher(self) -> Matcher:

@@ -16,6 +16,7 @@ What goes (``reach.core.retention`` computes the cut-offs):
 * instances ``offline`` or deregistered since before their own cut-off: they stop being
   probed, and an agent that comes back registers again; then agents left with no
   instance (unless an admin set their queue bound: that is configuration, kept).
+* dashboard sign-outs whose session has expired anyway (its cookie is refused by then).
 
 Every batch is one short transaction of a few statements over at most ``batch_size``
 rows, found through an index from its oldest end (migration 0007), so the sweep never
@@ -54,6 +55,7 @@ from reach.hub.storage.models import (
     SessionRow,
     TaskEventRow,
     TaskRow,
+    UiSignOutRow,
 )
 
 log = logging.getLogger("reach.hub.retention")
@@ -95,6 +97,7 @@ def sweep(transaction: Transaction, now: float, policy: RetentionPolicy) -> Coun
         _audit,
         _instances,
         _agents,
+        _sign_outs,
     ):
         for _ in range(policy.batches):
             with transaction() as session:
@@ -302,6 +305,16 @@ def _instances(session: Session, now: float, cut: Cutoffs, limit: int) -> Counts
             )
         )
     return {"instances": len(removed)}
+
+
+def _sign_outs(session: Session, now: float, cut: Cutoffs, limit: int) -> Counts:
+    old = (
+        select(UiSignOutRow.sid)
+        .where(UiSignOutRow.expires_at < now)
+        .order_by(UiSignOutRow.expires_at)
+        .limit(limit)
+    )
+    return {"ui_sign_outs": _count(session, delete(UiSignOutRow).where(UiSignOutRow.sid.in_(old)))}
 
 
 def _count(session: Session, stmt: Delete) -> int:

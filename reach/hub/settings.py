@@ -28,6 +28,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    SecretStr,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -100,6 +101,17 @@ class ServerSettings(_Section):
     )
     stream_ping_s: Seconds = Field(
         15.0, gt=0, le=300, description="keep-alive comment on an idle progress stream"
+    )
+    # the API's edge (reach.hub.api.edge): limits a client meets before any route
+    max_header_bytes: int = Field(
+        65_536, ge=8192, le=1 << 20, description="request line plus headers (431 past it)"
+    )
+    max_headers: int = Field(100, ge=16, le=10_000, description="headers per request (431)")
+    header_timeout_s: float = Field(
+        10.0, gt=0, le=300, description="a request's head must arrive this soon, else closed"
+    )
+    max_connections: int = Field(
+        4096, ge=16, le=1_000_000, description="connections per listener (503 past it)"
     )
 
     @field_validator("port", "admin_port", mode="before")
@@ -442,6 +454,19 @@ class SecuritySettings(_Section):
     )
     l3_max_payload_bytes: int = Field(
         65_536, ge=256, description="the payload cap of reaches to or from an L3 agent"
+    )
+    # failed authentications (bearer keys, the dashboard's sign-in) per client address:
+    # this many within the window lock the address out (429, Retry-After) until the oldest
+    # leaves it (reach.core.lockout)
+    auth_failures_max: int = Field(
+        30, ge=1, le=100_000, description="failed authentications that lock an address out"
+    )
+    auth_failures_window_s: float = Field(
+        60.0, gt=0, le=86400, description="the window auth_failures_max is counted over"
+    )
+    # secrets at rest (reach.hub.sealing): unset, <storage.home>/seal.key (made on first use)
+    seal_key: SecretStr | None = Field(
+        None, description="base64url of 32 bytes; every hub process needs the same one"
     )
     tls: TlsSettings = TlsSettings()
 

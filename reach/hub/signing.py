@@ -1,7 +1,8 @@
 """The hub's signing keys: the Ed25519 keys that sign reach tokens, and their rotation.
 
-Keys live in ``signing_keys``: the private key as PKCS8 PEM (the store is the hub's trust
-root already: whoever can write it can route any task anywhere), the public key as a JWK
+Keys live in ``signing_keys``: the private key as PKCS8 PEM sealed with the hub's seal key
+(``reach.hub.sealing``: a copy of the database alone cannot sign tokens; rows from before
+sealing are read as they are), the public key as a JWK
 (``kty=OKP``, ``crv=Ed25519``, ``alg=EdDSA``, ``use=sig``; ``kid`` is its RFC 7638
 thumbprint). A key signs from ``not_before`` until a newer key does, and is published in
 the JWKS (``GET /.well-known/jwks.json``) until ``retire_after``.
@@ -36,6 +37,8 @@ from sqlalchemy import delete, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from reach.core.tokens import ALGORITHM, DEFAULT_LEEWAY_S, MAX_TTL_S, body_digest, claims_for
+from reach.errors import ConfigError
+from reach.hub.sealing import SealKey, is_sealed
 from reach.hub.storage.engine import advisory_xact_lock
 from reach.hub.storage.models import SigningKeyRow
 
@@ -45,9 +48,10 @@ life plus the clock skew agents allow, so the last token it signed still verifie
 
 _TICK = 0.001  # a rotated key signs at least this long after the key it replaces
 _LOCK_KEY = 0x7265616368_6B6579  # pg_advisory_xact_lock id of key creation and rotation
+SEAL_PURPOSE = "signing key"  # what a sealed private key is bound to, with its kid
 
 
-def current_key(session: Session, now: float) -> SigningKeyRow:
+def current_key(session: Session, now: float, seal: SealKey | None = None) -> SigningKeyRow:
     """The key that signs at ``now``; the first one is created here if there is none.
 
     A first key another process created while we waited for the lock may sign only from
@@ -62,7 +66,7 @@ def current_key(session: Session, now: float) -> SigningKeyRow:
     # another worker may have created it while we waited
     row = _signing(session, now) or _first_published(session, now)
     if row is None:
-        row = _new_key(now, not_before=now)
+        row = _new_key(now, not_before=now, seal=seal)
         session.add(row)
         session.flush()
     return row
@@ -74,7 +78,13 @@ def signing_key(session: Session, now: float) -> SigningKeyRow | None:
     return _signing(session, now)
 
 
-def rotate(session: Session, now: float, grace_s: float, immediate: bool = False) -> dict[str, Any]:
+def rotate(
+    session: Session,
+    now: float,
+    grace_s: float,
+    immediate: bool = False,
+    seal: SealKey | None = None,
+) -> dict[str, Any]:
     """Publish a new key now; it signs from ``now + grace_s`` (``immediate``: from now).
 
     Every key published before it is retired `RETIRE_AFTER_S` after the new one starts
@@ -102,7 +112,7 @@ def rotate(session: Session, now: float, grace_s: float, immediate: bool = False
     for row in previous:
         if row.retire_after is None or row.retire_after > retire:
             row.retire_after = retire
-    new = _new_key(now, not_before=signs_from)
+    new = _new_key(now, not_before=signs_from, seal=seal)
     session.add(new)
     session.flush()
     signing = _signing(session, now)
@@ -112,13 +122,16 @@ def rotate(session: Session, now: float, grace_s: float, immediate: bool = False
     }
 
 
-def jwks(session: Session, now: float, *, ensure: bool = False) -> dict[str, list[dict[str, Any]]]:
+def jwks(
+    session: Session, now: float, *, ensure: bool = False, seal: SealKey | None = None
+) -> dict[str, list[dict[str, Any]]]:
     """The JWK Set agents verify with: every key published at ``now``, newest first.
 
-    ``ensure`` (a write transaction): create the first key if there is none yet, so an
-    agent that asks before the first delivery is not told the hub has no keys."""
+    ``ensure`` (a write transaction): create the first key if there is none yet (sealed
+    with ``seal``), so an agent that asks before the first delivery is not told the hub
+    has no keys."""
     if ensure:
-        current_key(session, now)
+        current_key(session, now, seal)
     return {"keys": [dict(row.public_jwk) for row in _published(session, now)]}
 
 
@@ -147,8 +160,10 @@ class Signer:
         ttl_s: float,
         cache_s: float = 5.0,
         timer: Callable[[], float] = time.monotonic,
+        seal: SealKey | None = None,
     ) -> None:
         self._sessions = sessions
+        self._seal = seal
         self.issuer = issuer
         self.ttl_s = min(ttl_s, MAX_TTL_S)
         self._cache: TTLCache[str, tuple[str, Ed25519PrivateKey]] = TTLCache(
@@ -182,16 +197,34 @@ class Signer:
             if cached is not None:
                 return cached
             with self._sessions.begin() as session:
-                row = current_key(session, now)
-                kid, pem = row.kid, row.private_pem
-            key = serialization.load_pem_private_key(pem.encode(), password=None)
-            if not isinstance(key, Ed25519PrivateKey):
-                raise TypeError(f"signing key {kid} is not an Ed25519 key")
+                row = current_key(session, now, self._seal)
+                kid, key = row.kid, private_key(row, self._seal)
             self._cache["current"] = (kid, key)
             return kid, key
 
 
 # -- keys ----------------------------------------------------------------------------------
+
+
+def private_pem(row: SigningKeyRow, seal: SealKey | None) -> str:
+    """``row``'s private key as PEM, unsealed with ``seal``. A sealed key and no seal key
+    is a configuration error (this process was not given the hub's seal key)."""
+    if seal is None:
+        if is_sealed(row.private_pem):
+            raise ConfigError(
+                f"signing key {row.kid} is sealed and this process has no seal key",
+                key="security.seal_key",
+            )
+        return row.private_pem
+    return seal.open(row.private_pem, purpose=SEAL_PURPOSE, name=row.kid)
+
+
+def private_key(row: SigningKeyRow, seal: SealKey | None) -> Ed25519PrivateKey:
+    """``row``'s private key, unsealed and parsed."""
+    key = serialization.load_pem_private_key(private_pem(row, seal).encode(), password=None)
+    if not isinstance(key, Ed25519PrivateKey):
+        raise TypeError(f"signing key {row.kid} is not an Ed25519 key")
+    return key
 
 
 def public_jwk(key: Ed25519PrivateKey) -> dict[str, str]:
@@ -204,7 +237,7 @@ def public_jwk(key: Ed25519PrivateKey) -> dict[str, str]:
     return {"kty": "OKP", "crv": "Ed25519", "x": x, "kid": kid, "alg": ALGORITHM, "use": "sig"}
 
 
-def _new_key(now: float, *, not_before: float) -> SigningKeyRow:
+def _new_key(now: float, *, not_before: float, seal: SealKey | None) -> SigningKeyRow:
     key = Ed25519PrivateKey.generate()
     jwk = public_jwk(key)
     pem = key.private_bytes(
@@ -212,6 +245,8 @@ def _new_key(now: float, *, not_before: float) -> SigningKeyRow:
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     ).decode()
+    if seal is not None:
+        pem = seal.seal(pem, purpose=SEAL_PURPOSE, name=jwk["kid"])
     return SigningKeyRow(
         kid=jwk["kid"],
         algorithm=ALGORITHM,

@@ -63,7 +63,7 @@ def _build() -> Machinery:
         process_random(),
         Breakers(),  # counts hub-wide through ``shared``
         CandidateCache(settings.router.candidate_ttl),
-        Signer(ctx.sessions, issuer=security.issuer, ttl_s=security.token_ttl_s)
+        Signer(ctx.sessions, issuer=security.issuer, ttl_s=security.token_ttl_s, seal=ctx.seal)
         if dpolicy.sign_deliveries
         else None,
         ctx.shared_counts,  # hub-wide breaker windows and retry budgets

@@ -16,7 +16,7 @@ import requests
 import reach
 from tests.conftest import REPO, free_port, hub_env, wait_until
 from tests.support.holding_proxy import HoldingProxy
-from tests.support.reach_tokens import bearer, mint
+from tests.support.reach_tokens import HubStore, bearer, mint
 
 
 def start_agent(script: Path, hub: str, port: int, *extra: str) -> subprocess.Popen[bytes]:
@@ -103,7 +103,9 @@ def test_sdk_agent_registers_heartbeats_and_deregisters(
         answer = requests.post(
             f"http://127.0.0.1:{port}/tasks/task.process",
             json={"task_id": "t-1", "payload": {"doc_id": "d", "text": "a b c"}},
-            headers=bearer(mint(store_url, audience="doc-analyzer-01", task_id="t-1")),
+            headers=bearer(
+                mint(HubStore(store_url, tmp_path), audience="doc-analyzer-01", task_id="t-1")
+            ),
             timeout=5,
         )
         assert answer.json() == {"code": 0, "data": {"doc_id": "d", "words": 3, "task_id": "t-1"}}

@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 import reach
 from reach.core.webhooks import SIGNATURE_HEADER, Answer
 from reach.hub import approval_webhook
+from reach.hub.sealing import SealKey
 from reach.hub.settings import ApprovalSettings
 from reach.hub.signing import public_jwk
 from reach.hub.storage import create_engine_for, session_factory
@@ -212,11 +213,12 @@ def test_loopback_is_refused_unless_private_addresses_are_allowed(
     engine = create_engine_for(shared_store_url)
     try:
         sessions = session_factory(engine)
+        seal = SealKey.load(None, stack.home)  # the hub's signing key is sealed with it
         strict = ApprovalSettings(webhook_url=RECEIVER_URL, public_url=PUBLIC_URL)
-        sent = approval_webhook.deliver(sessions, strict, aid, time.time())
+        sent = approval_webhook.deliver(sessions, strict, aid, time.time(), seal=seal)
         assert sent.answer is Answer.DROP and "loopback" in sent.detail, sent
         allowed = strict.model_copy(update={"webhook_allow_private": True})
-        assert approval_webhook.deliver(sessions, allowed, aid, time.time()).answer is (
+        assert approval_webhook.deliver(sessions, allowed, aid, time.time(), seal=seal).answer is (
             Answer.DELIVERED
         )
         # decided: nothing left to ask, nothing sent
@@ -225,7 +227,8 @@ def test_loopback_is_refused_unless_private_addresses_are_allowed(
         )
         assert r.status_code == 200, r.text
         before = len(receiver.for_approval(aid))
-        assert approval_webhook.deliver(sessions, allowed, aid, time.time()).answer is Answer.DROP
+        dropped = approval_webhook.deliver(sessions, allowed, aid, time.time(), seal=seal)
+        assert dropped.answer is Answer.DROP
         assert len(receiver.for_approval(aid)) == before == 2
     finally:
         engine.dispose()

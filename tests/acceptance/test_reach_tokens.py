@@ -30,10 +30,11 @@ from fastapi import FastAPI
 import reach
 from reach.core.tokens import body_digest, claims_for
 from reach.hub import signing
+from reach.hub.sealing import SealKey
 from reach.hub.storage import create_engine_for, session_factory
 from tests.conftest import REPO, Stack, free_port, wait_until
 from tests.support import processes
-from tests.support.reach_tokens import bearer, encoded, hub_key, mint, sign
+from tests.support.reach_tokens import HubStore, bearer, encoded, hub_key, mint, sign
 from tests.support.uvicorn_thread import uvicorn_serving
 
 STACK_SETTINGS = {"REACH_SECURITY__REQUIRE_AUTH": "true"}
@@ -146,6 +147,11 @@ class Hub:
     def store_url(self) -> str:
         return self.stack.env["REACH_DATABASE_URL"]
 
+    @property
+    def store(self) -> HubStore:
+        """The store with the hub's home: its signing key is sealed with the home's key."""
+        return HubStore(self.store_url, self.stack.home)
+
     def agent_key(self, agent_id: str) -> Key:
         return create_key(self.stack.env, "agent", "--agent-id", agent_id)
 
@@ -168,7 +174,8 @@ class Hub:
         engine = create_engine_for(self.store_url)
         try:
             with session_factory(engine).begin() as session:
-                return signing.rotate(session, time.time(), grace_s, immediate=immediate)
+                seal = SealKey.load(None, self.stack.home)  # the hub's, as `reach keys` has it
+                return signing.rotate(session, time.time(), grace_s, immediate=immediate, seal=seal)
         finally:
             engine.dispose()
 
@@ -198,7 +205,7 @@ def delivery(task_id: str, payload: dict[str, Any] | None = None) -> bytes:
     return encoded({**body, "attempt_seq": 1})
 
 
-def good_token(store_url: str, task_id: str, **kw: Any) -> str:
+def good_token(store_url: str | HubStore, task_id: str, **kw: Any) -> str:
     """The hub's token for `delivery` of ``task_id``; ``kw`` changes one thing of it."""
     return mint(store_url, audience=kw.pop("audience", TARGET), task_id=task_id,
                 body=kw.pop("body", delivery(task_id)), **kw)  # fmt: skip
@@ -264,25 +271,25 @@ def test_every_delivery_carries_a_token_bound_to_caller_target_and_attempt(
 # -- what an agent refuses -----------------------------------------------------------------
 
 
-def _forged_key_same_kid(store_url: str, task_id: str) -> dict[str, str]:
-    kid, _ = hub_key(store_url)
+def _forged_key_same_kid(store: HubStore, task_id: str) -> dict[str, str]:
+    kid, _ = hub_key(store)
     claims = claims_for(
         "agent-reach", "anonymous", TARGET, task_id, 1, time.time(), 300, "j", **bound(task_id)
     )
     return bearer(sign(claims, kid, Ed25519PrivateKey.generate()))
 
 
-def _alg_none(store_url: str, task_id: str) -> dict[str, str]:
-    kid, _ = hub_key(store_url)
+def _alg_none(store: HubStore, task_id: str) -> dict[str, str]:
+    kid, _ = hub_key(store)
     claims = claims_for(
         "agent-reach", "anonymous", TARGET, task_id, 1, time.time(), 300, "j", **bound(task_id)
     )
     return bearer(jwt.encode(claims, None, algorithm="none", headers={"kid": kid}))
 
 
-def _hs256_with_the_public_key(store_url: str, task_id: str) -> dict[str, str]:
+def _hs256_with_the_public_key(store: HubStore, task_id: str) -> dict[str, str]:
     """The classic confusion: HMAC keyed with the published public key."""
-    kid, key = hub_key(store_url)
+    kid, key = hub_key(store)
     public = key.public_key().public_bytes_raw()
     claims = claims_for(
         "agent-reach", "anonymous", TARGET, task_id, 1, time.time(), 300, "j", **bound(task_id)
@@ -291,7 +298,7 @@ def _hs256_with_the_public_key(store_url: str, task_id: str) -> dict[str, str]:
     return bearer(token)
 
 
-Attack = Callable[[str, str], dict[str, str]]
+Attack = Callable[[HubStore, str], dict[str, str]]
 ATTACKS: list[tuple[str, Attack, str]] = [
     ("no token", lambda url, t: {}, "no reach token"),
     ("not a bearer", lambda url, t: {"Authorization": "Basic dXNlcjpwYXNz"}, "no reach token"),
@@ -334,7 +341,7 @@ def test_a_bad_token_is_refused_before_the_handler_runs(
     hub: Hub, target: TokenAgent, attack: Attack, reason: str
 ) -> None:
     task_id = new_task()
-    status, body = target.post(task_id, attack(hub.store_url, task_id))
+    status, body = target.post(task_id, attack(hub.store, task_id))
     assert status == 401, body
     assert body["code"] == 401 and reason in body["message"], body
     counts = target.counts()
@@ -345,7 +352,7 @@ def test_a_bad_token_is_refused_before_the_handler_runs(
 def test_a_good_token_of_the_hub_is_accepted_once(hub: Hub, target: TokenAgent) -> None:
     """The control for the attacks above: the same request with a good token runs."""
     task_id = new_task()
-    headers = bearer(good_token(hub.store_url, task_id))
+    headers = bearer(good_token(hub.store, task_id))
     assert target.post(task_id, headers) == (
         200,
         {"code": 0, "data": {"echo": {"n": 1}, "by": TARGET}},
@@ -372,7 +379,7 @@ def test_a_token_the_hub_delivered_cannot_be_replayed(hub: Hub, target: TokenAge
 
 def test_refusals_are_logged_without_the_token(hub: Hub, target: TokenAgent) -> None:
     task_id = new_task()
-    token = good_token(hub.store_url, task_id, audience="tk-elsewhere")
+    token = good_token(hub.store, task_id, audience="tk-elsewhere")
     assert target.post(task_id, bearer(token))[0] == 401
     signature = token.rsplit(".", 1)[1]
 
@@ -511,7 +518,7 @@ def test_on_an_open_hub_tokens_name_the_anonymous_caller(stack: Stack, tmp_path:
 
 def test_rotation_keeps_deliveries_verifying(hub: Hub, target: TokenAgent) -> None:
     assert hub.submit(TARGET)["status"] == "success"
-    old_kid, old_key = hub_key(hub.store_url)
+    old_kid, old_key = hub_key(hub.store)
 
     # with a grace period: published at once, signing later; deliveries go on as before
     ahead = hub.rotate(immediate=False)
@@ -581,7 +588,7 @@ def test_the_asgi_app_checks_tokens_as_the_builtin_server_does(hub: Hub) -> None
             refused = requests.post(f"{base}/tasks/work.do", data=raw, timeout=10)
             assert (refused.status_code, refused.json()["code"]) == (401, 401)
             assert ran == [] or task_id not in ran
-            token = mint(hub.store_url, audience=agent_id, task_id=task_id, body=raw)
+            token = mint(hub.store, audience=agent_id, task_id=task_id, body=raw)
             ok = requests.post(f"{base}/tasks/work.do", data=raw, headers=bearer(token), timeout=10)
             assert (ok.status_code, ok.json()) == (200, {"code": 0, "data": {"k": 1}})
             assert ran.count(task_id) == 1

@@ -38,6 +38,7 @@ from reach.hub.storage.models import (
     SessionRow,
     TaskEventRow,
     TaskRow,
+    UiSignOutRow,
 )
 from reach.schemas import RegisterRequest
 
@@ -367,3 +368,16 @@ def test_every_table_is_bounded(sessions: sessionmaker[Session]) -> None:
     assert deleted["instances"] == 1 and deleted["agent_links"] == 1
     policy = RetentionPolicy(batch_size=2, batches=100)
     assert retention.sweep(sessions.begin, NOW, policy) == {}  # bounded: nothing left to do
+
+
+def test_a_sign_out_is_kept_until_its_session_would_have_expired(
+    sessions: sessionmaker[Session],
+) -> None:
+    """The record that refuses a signed-out dashboard cookie (issue 37, item 14) goes once
+    the cookie has expired anyway, and not before."""
+    with sessions.begin() as s:
+        for sid, expires_at in (("expired", NOW - 1), ("live", NOW + 3600)):
+            s.add(UiSignOutRow(sid=sid, key_id="k", signed_out_at=NOW - 60, expires_at=expires_at))
+    deleted = retention.sweep(sessions.begin, NOW, RetentionPolicy())
+    assert deleted == {"ui_sign_outs": 1}
+    assert column(sessions, UiSignOutRow.sid) == {"live"}

@@ -4,6 +4,9 @@
 publishes at ``/.well-known/jwks.json``), so an agent that verifies tokens accepts what a
 test sends exactly as it accepts a delivery -- or refuses it for the one claim the test
 changed (an old ``iat``, another audience, another task).
+
+A hub process seals its signing key with the seal key of its home (``reach.hub.sealing``):
+give its home with the store (`HubStore`) wherever a hub process may have made the key.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import jwt
@@ -19,16 +24,27 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from reach.core.tokens import ALGORITHM, body_digest, claims_for
 from reach.hub import signing
+from reach.hub.sealing import SealKey
 from reach.hub.storage import create_engine_for, session_factory
 
 
-def hub_key(store_url: str) -> tuple[str, Ed25519PrivateKey]:
+@dataclass(frozen=True)
+class HubStore:
+    """A hub's store and home (where its seal key lives)."""
+
+    url: str
+    home: Path | None = None
+
+
+def hub_key(store: str | HubStore) -> tuple[str, Ed25519PrivateKey]:
     """The hub's signing key now (created if the hub has none yet): kid and private key."""
-    engine = create_engine_for(store_url)
+    where = store if isinstance(store, HubStore) else HubStore(store)
+    seal = SealKey.load(None, where.home) if where.home is not None else None
+    engine = create_engine_for(where.url)
     try:
         with session_factory(engine).begin() as session:
-            row = signing.current_key(session, time.time())
-            kid, pem = row.kid, row.private_pem
+            row = signing.current_key(session, time.time(), seal)
+            kid, pem = row.kid, signing.private_pem(row, seal)
     finally:
         engine.dispose()
     key = serialization.load_pem_private_key(pem.encode(), password=None)
@@ -46,7 +62,7 @@ def encoded(body: dict[str, Any]) -> bytes:
 
 
 def mint(
-    store_url: str,
+    store_url: str | HubStore,
     *,
     audience: str,
     task_id: str,

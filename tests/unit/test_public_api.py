@@ -58,6 +58,7 @@ EXPECTED_ALL = [
     "TaskConflict",
     "TaskError",
     "TaskResult",
+    "TooManyAuthFailures",
     "Unauthenticated",
     "UnknownAgent",
     "UnknownInstance",

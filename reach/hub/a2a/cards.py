@@ -32,7 +32,9 @@ from reach.core.health import InstanceStatus
 from reach.errors import AgentCardUnavailable, InvalidAgentCard, ReachError
 from reach.hub import registry
 from reach.hub.a2a import PROTOCOL
+from reach.hub.a2a.exchange import CREDENTIAL, open_credential
 from reach.hub.monitoring import Policy
+from reach.hub.sealing import SealKey
 from reach.hub.storage.models import InstanceEventRow, InstanceRow
 from reach.schemas import AgentId, RegisterRequest, WireModel
 
@@ -132,8 +134,10 @@ def register_card(
     now: float,
     policy: Policy,
     refresh_s: float,
+    seal: SealKey | None = None,
 ) -> dict[str, Any]:
-    """Register (or refresh) the card's agent and its one A2A instance; its view."""
+    """Register (or refresh) the card's agent and its one A2A instance; its view. The
+    credential is stored sealed with ``seal`` (``reach.hub.sealing``)."""
     facts = fetched.facts
     if facts.scheme.kind != "none" and not credential:
         raise InvalidAgentCard(
@@ -177,7 +181,9 @@ def register_card(
         "read_at": now,
     }  # fmt: skip
     if credential:
-        row.a2a_credential = credential
+        row.a2a_credential = (
+            seal.seal(credential, purpose=CREDENTIAL, name=instance_id) if seal else credential
+        )
     if not answer.created:
         row.heartbeat_count += 1  # a card read again: the heartbeat of an A2A instance
     session.flush()
@@ -188,9 +194,11 @@ def register_card(
     }
 
 
-def due_refreshes(session: Session) -> list[tuple[str, str, str, str | None, bool, int]]:
-    """Every A2A instance not deregistered: (instance, agent, card URL, credential,
-    allow_loopback, max_concurrency)."""
+def due_refreshes(
+    session: Session, seal: SealKey | None = None
+) -> list[tuple[str, str, str, str | None, bool, int]]:
+    """Every A2A instance not deregistered: (instance, agent, card URL, credential
+    (unsealed), allow_loopback, max_concurrency)."""
     rows = session.scalars(
         select(InstanceRow).where(
             InstanceRow.protocol == PROTOCOL,
@@ -202,7 +210,7 @@ def due_refreshes(session: Session) -> list[tuple[str, str, str, str | None, boo
             r.instance_id,
             r.agent_id,
             str((r.a2a or {}).get("card_url") or ""),
-            r.a2a_credential,
+            open_credential(r, seal),
             r.allow_loopback,
             r.max_concurrency,
         )
@@ -218,6 +226,7 @@ def refresh_one(
     policy: Policy,
     refresh_s: float,
     timeout: float,
+    seal: SealKey | None = None,
 ) -> bool:
     """Read one card again: a good read re-registers (the heartbeat, and any change of
     skills); a failed one is recorded once, until the card reads again."""
@@ -235,6 +244,7 @@ def refresh_one(
                 now=now(),
                 policy=policy,
                 refresh_s=refresh_s,
+                seal=seal,
             )
         return True
     except ReachError as exc:

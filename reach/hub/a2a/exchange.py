@@ -36,8 +36,10 @@ from reach.core.answers import AgentAnswer
 from reach.core.lifecycle import TaskEvent
 from reach.core.retry import RetryPolicy
 from reach.core.statuses import TaskStatus
+from reach.errors import ConfigError
 from reach.hub.a2a import PROTOCOL
 from reach.hub.ledger import fail_transient, finish, load_for_update, record_event
+from reach.hub.sealing import SealKey, is_sealed
 from reach.hub.storage.models import InstanceRow, TaskEventRow, TaskRow
 
 log = logging.getLogger("reach.hub.a2a")
@@ -59,7 +61,27 @@ class Peer:
         return {"A2A-Version": rules.A2A_VERSION, **self.scheme.headers(self.credential)}
 
 
-def peer_of(session: Session, instance_id: str) -> Peer | None:
+CREDENTIAL = "a2a credential"  # what a sealed credential is bound to, with its instance
+
+
+def open_credential(row: InstanceRow, seal: SealKey | None) -> str | None:
+    """The instance's A2A credential, unsealed (``reach.hub.sealing``); one stored before
+    sealing reads as it is."""
+    stored = row.a2a_credential
+    if stored is None:
+        return None
+    if seal is None:
+        if is_sealed(stored):
+            raise ConfigError(
+                f"the A2A credential of {row.instance_id} is sealed and this process has no "
+                "seal key",
+                key="security.seal_key",
+            )
+        return stored
+    return seal.open(stored, purpose=CREDENTIAL, name=row.instance_id)
+
+
+def peer_of(session: Session, instance_id: str, seal: SealKey | None = None) -> Peer | None:
     row = session.get(InstanceRow, instance_id)
     if row is None or row.protocol != PROTOCOL or not row.a2a:
         return None
@@ -72,7 +94,7 @@ def peer_of(session: Session, instance_id: str) -> Peer | None:
             str(scheme.get("name", "")),
             str(scheme.get("header", "")),
         ),
-        credential=row.a2a_credential,
+        credential=open_credential(row, seal),
     )
 
 
@@ -144,7 +166,9 @@ class Followed:
     instance_id: str
 
 
-def due_follows(session: Session, limit: int = FOLLOW_BATCH) -> list[tuple[Followed, Peer]]:
+def due_follows(
+    session: Session, limit: int = FOLLOW_BATCH, seal: SealKey | None = None
+) -> list[tuple[Followed, Peer]]:
     rows = session.execute(
         select(TaskRow.task_id, TaskRow.attempt_seq, TaskRow.remote_task_id, TaskRow.instance_id)
         .where(TaskRow.status.in_(FOLLOWED), TaskRow.remote_task_id.is_not(None))
@@ -153,7 +177,7 @@ def due_follows(session: Session, limit: int = FOLLOW_BATCH) -> list[tuple[Follo
     ).all()
     out: list[tuple[Followed, Peer]] = []
     for task_id, seq, remote, instance_id in rows:
-        peer = peer_of(session, instance_id) if instance_id else None
+        peer = peer_of(session, instance_id, seal) if instance_id else None
         if peer is not None and remote is not None and instance_id is not None:
             out.append((Followed(task_id, seq, remote, instance_id), peer))
     return out
@@ -173,10 +197,11 @@ def follow(
     rng: random.Random,
     poll_timeout: float,
     poll_failures: int,
+    seal: SealKey | None = None,
 ) -> list[Any]:
     """Poll every followed A2A task once; the retries to publish (failed follows)."""
     with sessions.begin() as session:
-        due = due_follows(session)
+        due = due_follows(session, seal=seal)
     publish: list[Any] = []
     for item, peer in due:
         answer = post(

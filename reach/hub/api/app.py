@@ -20,6 +20,7 @@ from reach.hub import admission, approvals, loops, metrics, monitoring, registry
 from reach.hub.api import links
 from reach.hub.api.admission import MemoryAdmissionMiddleware
 from reach.hub.api.auth import AuthMiddleware, demand_agent, require
+from reach.hub.api.lockout import AuthLockout
 from reach.hub.api.problems import (
     BodyLimitMiddleware,
     InputGuardMiddleware,
@@ -85,11 +86,16 @@ def create_app(
         finally:
             waiters.stop()
 
+    # /docs and /redoc load their scripts from a CDN: with auth on they would run a third
+    # party's code on the dashboard's origin, so only an open (loopback demo) hub has them.
+    # /openapi.json itself is served either way (behind a key when auth is on).
     app = FastAPI(
         lifespan=lifespan,
         title="Agent-Reach hub" + ("" if surface is Surface.ALL else f" ({surface.value})"),
         version="0.1.0",
         description="Registry, reachability and delivery between AI agents.",
+        docs_url=None if require_auth else "/docs",
+        redoc_url=None if require_auth else "/redoc",
     )
     app.state.ctx = ctx
     app.state.require_auth = require_auth
@@ -104,7 +110,9 @@ def create_app(
     app.add_middleware(MemoryAdmissionMiddleware, gauge=gauge)
     # added last, so outermost: a request without a valid credential is refused before
     # its body is read
-    app.add_middleware(AuthMiddleware, ctx=ctx, require_auth=require_auth)
+    lockout = AuthLockout.configured(ctx.settings)  # bearer failures and sign-ins alike
+    app.state.auth_lockout = lockout
+    app.add_middleware(AuthMiddleware, ctx=ctx, require_auth=require_auth, lockout=lockout)
     app.include_router(_health_router(ctx))
     app.include_router(_jwks_router(ctx))  # every surface: agents verify with these keys
     if surface in (Surface.ALL, Surface.PUBLIC):
@@ -153,7 +161,7 @@ def _jwks_router(ctx: HubContext) -> APIRouter:
         with ctx.reading() as session:
             keys = signing.jwks(session, now)
         if not keys["keys"]:  # before the first delivery: make the key agents will need
-            keys = ctx.write(lambda s: signing.jwks(s, now, ensure=True))
+            keys = ctx.write(lambda s: signing.jwks(s, now, ensure=True, seal=ctx.seal))
         return JSONResponse(keys, headers={"Cache-Control": "public, max-age=60"})
 
     return router

@@ -18,12 +18,18 @@ lets a request without any credential through with no principal: its pages answe
 browser with a redirect to ``/ui/login``, not a 401 problem; ``/ui/static/`` is public.
 
 Refusals are logged to ``reach.security`` (method, path, reason and the key id, never
-the secret) and counted in ``agentreach_auth_refusals_total{reason}``.
+the secret) and counted in ``agentreach_auth_refusals_total{reason}``. Each failed
+credential is also a failure of the client's address: past ``security.auth_failures_max``
+within ``security.auth_failures_window_s`` the address is locked out (`AuthLockout`): its
+credentials are not checked, and it gets 429 ``too-many-auth-failures`` with
+``Retry-After`` (reason ``locked_out``) until the window frees. The dashboard's sign-in
+form counts on the same record.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable
 
 from fastapi import Request
@@ -33,40 +39,37 @@ from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from reach.core.auth import OPEN, Action, Principal, bearer_of, may_act_for, permits
-from reach.errors import Forbidden, ReachError, Unauthenticated
+from reach.errors import Forbidden, ReachError, TooManyAuthFailures, Unauthenticated
 from reach.hub import apikeys, audit, metrics
 from reach.hub.api import signin
+from reach.hub.api.lockout import AuthLockout
 from reach.hub.api.problems import PROBLEM_JSON
 from reach.hub.apikeys import Refusal
 from reach.hub.context import HubContext
 
 log = logging.getLogger("reach.security")
 
-# Paths anyone may read: liveness, the public keys agents verify reach tokens with, and
-# the API's own description.
-OPEN_PATHS = frozenset(
-    {
-        "/healthz",
-        "/.well-known/jwks.json",
-        "/openapi.json",
-        "/docs",
-        "/docs/oauth2-redirect",
-        "/redoc",
-    }
-)
+# Paths anyone may read: liveness and the public keys agents verify reach tokens with.
+# The API's description (``/openapi.json``) takes any valid key once auth is on; its
+# browsable pages (``/docs``, ``/redoc``) are not served then at all (`reach.hub.api.app`).
+OPEN_PATHS = frozenset({"/healthz", "/.well-known/jwks.json"})
 
 INTERNAL_CHANNEL = "/internal/channel/"  # reach.hub.channel.INTERNAL_PREFIX
 MISSING = "an API key is required: send 'Authorization: Bearer <key>'"
 MALFORMED = "malformed Authorization header: expected 'Bearer <key>'"
+LOCKED_OUT = "too many failed authentications from this address: try again in {seconds} s"
 
 
 class AuthMiddleware:
     """Resolve the principal of every request (see the module docstring)."""
 
-    def __init__(self, app: ASGIApp, ctx: HubContext, require_auth: bool) -> None:
+    def __init__(
+        self, app: ASGIApp, ctx: HubContext, require_auth: bool, lockout: AuthLockout
+    ) -> None:
         self.app = app
         self.ctx = ctx
         self.require_auth = require_auth
+        self.lockout = lockout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path") or ""
@@ -79,21 +82,44 @@ class AuthMiddleware:
             return
         header = _authorization(scope)
         if header is None and not self.require_auth:
-            principal: Principal | Refusal = OPEN
+            principal: Principal | ReachError = OPEN
         elif header is None:
-            principal = Refusal("missing", MISSING)
+            missing = Refusal("missing", MISSING)
+            _log_refusal(scope.get("method", ""), scope.get("path", ""), missing)
+            principal = missing.error()
         else:
-            try:
-                principal = await run_in_threadpool(self._check, header)
-            except ReachError as exc:  # the database is down: 503, as any other request
-                await _answer(exc, scope, receive, send)
-                return
-        if isinstance(principal, Refusal):
-            _log_refusal(scope.get("method", ""), scope.get("path", ""), principal)
-            await _answer(principal.error(), scope, receive, send)
+            principal = await self._authenticate(scope, header)
+        if isinstance(principal, ReachError):
+            await _answer(principal, scope, receive, send)
             return
         scope.setdefault("state", {})["principal"] = principal
         await self.app(scope, receive, send)
+
+    async def _authenticate(self, scope: Scope, header: str) -> Principal | ReachError:
+        """The principal ``header`` stands for, or the error to answer with: a refusal
+        (logged, counted, and a failure of this client address), 429 while the address is
+        locked out (`reach.hub.api.lockout`; the header is not even checked), or 503 when
+        the database is down."""
+        host = client_host(scope)
+        now = self.ctx.clock.now()
+        wait = self.lockout.locked_for(host, now)
+        if wait is not None:
+            seconds = max(1, math.ceil(wait))
+            _log_refusal(
+                scope.get("method", ""),
+                scope.get("path", ""),
+                Refusal("locked_out", LOCKED_OUT.format(seconds=seconds)),
+            )
+            return TooManyAuthFailures(LOCKED_OUT.format(seconds=seconds), retry_after=seconds)
+        try:
+            checked = await run_in_threadpool(self._check, header)
+        except ReachError as exc:  # the database is down: 503, as any other request
+            return exc
+        if isinstance(checked, Refusal):
+            self.lockout.failed(host, now)
+            _log_refusal(scope.get("method", ""), scope.get("path", ""), checked)
+            return checked.error()
+        return checked
 
     async def _dashboard(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The dashboard (``reach.hub.api.ui``): a bearer key is checked as anywhere; otherwise
@@ -105,14 +131,9 @@ class AuthMiddleware:
         state = scope.setdefault("state", {})
         header = _authorization(scope)
         if header is not None:
-            try:
-                checked = await run_in_threadpool(self._check, header)
-            except ReachError as exc:
-                await _answer(exc, scope, receive, send)
-                return
-            if isinstance(checked, Refusal):
-                _log_refusal(scope.get("method", ""), scope.get("path", ""), checked)
-                await _answer(checked.error(), scope, receive, send)
+            checked = await self._authenticate(scope, header)
+            if isinstance(checked, ReachError):
+                await _answer(checked, scope, receive, send)
                 return
             state["principal"] = checked
             await self.app(scope, receive, send)
@@ -136,7 +157,7 @@ class AuthMiddleware:
     def _session(self, cookie: str) -> tuple[signin.UiSession | None, Principal | None]:
         now = self.ctx.clock.now()
         with self.ctx.reading() as session:
-            ui = signin.open_session(session, cookie, now)
+            ui = signin.open_session(session, cookie, now, signin.mac_key(self.ctx.seal))
             return ui, (signin.principal_of(session, ui, now) if ui is not None else None)
 
     def _check(self, header: str) -> Principal | Refusal:
@@ -260,6 +281,13 @@ async def _answer(error: ReachError, scope: Scope, receive: Receive, send: Send)
         headers=error.headers() or None,
     )
     await response(scope, receive, send)
+
+
+def client_host(scope: Scope) -> str | None:
+    """The client's address (uvicorn's, from ``X-Forwarded-For`` only when the peer is a
+    trusted proxy: ``FORWARDED_ALLOW_IPS``, by default 127.0.0.1)."""
+    client = scope.get("client")
+    return str(client[0]) if client else None
 
 
 def _authorization(scope: Scope) -> str | None:

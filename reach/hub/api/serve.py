@@ -7,9 +7,13 @@ import contextlib
 import signal
 import socket
 from collections.abc import Generator, Sequence
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
+
+from reach.hub.api import edge
+from reach.hub.api.edge import EdgeLimits
 
 
 class _Server(uvicorn.Server):
@@ -25,20 +29,24 @@ class _Server(uvicorn.Server):
 KEEP_ALIVE_S = 75
 
 
-def serve_together(apps: Sequence[tuple[FastAPI, str, int]]) -> None:
-    servers = [
-        _Server(
-            uvicorn.Config(
-                app,
-                host=host,
-                port=port,
-                log_level="info",
-                access_log=False,
-                timeout_keep_alive=KEEP_ALIVE_S,
-            )
-        )
-        for app, host, port in apps
-    ]
+def uvicorn_options(limits: EdgeLimits) -> dict[str, Any]:
+    """uvicorn's options for the API: its keep-alive, and its HTTP protocol with the edge's
+    limits (`reach.hub.api.edge`)."""
+    return {
+        "log_level": "info",
+        "access_log": False,
+        "timeout_keep_alive": KEEP_ALIVE_S,
+        "http": edge.protocol(limits),
+    }
+
+
+def config(app: FastAPI, limits: EdgeLimits, **where: Any) -> uvicorn.Config:
+    """`uvicorn_options` as a ``uvicorn.Config``; ``where`` is ``host`` and ``port`` if any."""
+    return uvicorn.Config(app, **uvicorn_options(limits), **where)
+
+
+def serve_together(apps: Sequence[tuple[FastAPI, str, int]], limits: EdgeLimits) -> None:
+    servers = [_Server(config(app, limits, host=host, port=port)) for app, host, port in apps]
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -72,9 +80,6 @@ def reuse_port_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve_on(app: FastAPI, sock: socket.socket) -> None:
+def serve_on(app: FastAPI, sock: socket.socket, limits: EdgeLimits) -> None:
     """Serve ``app`` on an already bound socket (`reuse_port_socket`)."""
-    config = uvicorn.Config(
-        app, log_level="info", access_log=False, timeout_keep_alive=KEEP_ALIVE_S
-    )
-    uvicorn.Server(config).run(sockets=[sock])
+    uvicorn.Server(config(app, limits)).run(sockets=[sock])

@@ -2,14 +2,17 @@
 
 The cookie (``reach_ui``, HttpOnly, SameSite=Strict, Path=/ui, Secure over https) holds
 ``<payload>.<mac>``: the payload names the key id, a random session id, the expiry and the
-signing key (``kid``) whose secret keyed the MAC. Nothing is stored server-side: every
-request checks the MAC, the expiry, and reads the key's row afresh, so revoking (or
-expiring) the key signs its sessions out on the very next request.
+MAC key (``kid``, its fingerprint) that signed it. Every request checks the MAC, the expiry,
+that the session was not signed out (`sign_out` records its id in ``ui_sign_outs`` until
+it would have expired: a copy of the cookie is worthless after the sign-out), and reads
+the key's row afresh, so revoking (or expiring) the key signs its sessions out on the very
+next request.
 
-The MAC key is derived from the hub's current token-signing key (``reach.hub.signing``):
-the store is the hub's trust root already, every API process reads the same one, and no
-new secret needs configuring. A rotation leaves sessions valid while the old key's row
-exists.
+The MAC key is a key of its own, derived from the hub's seal key (``reach.hub.sealing``):
+not the token-signing key (a key that signs reach tokens signs nothing else) and not
+anything the database holds, so a copy of the database cannot forge a session. Every API
+process with the same seal key accepts the same cookies; a new seal key signs everyone
+out.
 
 An open hub (``require_auth`` off) gives the dashboard an anonymous session (no key id) so
 that its forms still carry a CSRF token: a page on another site cannot read it.
@@ -31,8 +34,8 @@ from sqlalchemy.orm import Session
 
 from reach.core import auth
 from reach.core.auth import Principal, Scope
-from reach.hub import signing
-from reach.hub.storage.models import ApiKeyRow, SigningKeyRow
+from reach.hub.sealing import SealKey
+from reach.hub.storage.models import ApiKeyRow, UiSignOutRow
 
 COOKIE = "reach_ui"
 COOKIE_PATH = "/ui"
@@ -40,7 +43,7 @@ SESSION_TTL_S = 8 * 3600.0
 CSRF_FIELD = "csrf_token"
 CSRF_HEADER = "x-csrf-token"
 SIGN_IN_SCOPES = frozenset({Scope.ADMIN, Scope.VIEWER, Scope.APPROVER})
-_MAC_LABEL = b"agent-reach dashboard session v1"
+_MAC_PURPOSE = "dashboard session v1"
 _MAX_COOKIE = 1024
 
 
@@ -67,17 +70,16 @@ class UiSession:
 
 @dataclass(frozen=True, slots=True)
 class MacKey:
-    """The key sessions are signed with: derived from the signing key ``kid``."""
+    """The key sessions are signed with (``kid``: its fingerprint, in every cookie)."""
 
     kid: str
     secret: bytes
 
 
-def mac_key(db: Session, now: float, *, create: bool = False) -> MacKey | None:
-    """The current session-signing key; None when the hub has no signing key yet, unless
-    ``create`` (then the first one is made: a write transaction)."""
-    row = signing.current_key(db, now) if create else signing.signing_key(db, now)
-    return MacKey(row.kid, _mac(row)) if row is not None else None
+def mac_key(seal: SealKey) -> MacKey:
+    """The session-signing key: the seal key's own for this purpose."""
+    secret = seal.derive(_MAC_PURPOSE)
+    return MacKey(hashlib.sha256(secret).hexdigest()[:16], secret)
 
 
 def new_session(key: MacKey, key_id: str | None, now: float) -> tuple[UiSession, str]:
@@ -90,9 +92,9 @@ def new_session(key: MacKey, key_id: str | None, now: float) -> tuple[UiSession,
     return ui, f"{payload}.{_b64(_sign(ui.mac_key, payload))}"
 
 
-def open_session(db: Session, cookie: str, now: float) -> UiSession | None:
-    """The session a cookie value stands for, or None when it is malformed, forged or
-    expired (the key's own state is `principal_of`'s business)."""
+def open_session(db: Session, cookie: str, now: float, key: MacKey) -> UiSession | None:
+    """The session a cookie value stands for, or None when it is malformed, forged,
+    expired or signed out (the key's own state is `principal_of`'s business)."""
     if not cookie or len(cookie) > _MAX_COOKIE or cookie.count(".") != 1:
         return None
     payload, mac = cookie.split(".")
@@ -108,15 +110,24 @@ def open_session(db: Session, cookie: str, now: float) -> UiSession | None:
         return None
     if not isinstance(expires_at, int | float):
         return None
-    row = db.get(SigningKeyRow, kid)
-    if row is None:
-        return None
-    mac_key = _mac(row)
-    if not hmac.compare_digest(_sign(mac_key, payload), presented):
+    if not hmac.compare_digest(kid.encode(), key.kid.encode()):
+        return None  # signed by another key (a seal key since replaced)
+    if not hmac.compare_digest(_sign(key.secret, payload), presented):
         return None
     if expires_at <= now:
         return None
-    return UiSession(key_id, sid, float(expires_at), kid, mac_key)
+    if key_id is not None and db.get(UiSignOutRow, sid) is not None:
+        return None  # signed out: the cookie is refused although its MAC is good
+    return UiSession(key_id, sid, float(expires_at), kid, key.secret)
+
+
+def sign_out(db: Session, ui: UiSession, now: float) -> None:
+    """End a signed-in session for good: its cookie is refused from now on, whoever holds
+    a copy. An anonymous session (no key) is only forgotten by the browser: it grants
+    nothing, and recording it would let anyone grow the table."""
+    if ui.key_id is None or db.get(UiSignOutRow, ui.sid) is not None:
+        return
+    db.add(UiSignOutRow(sid=ui.sid, key_id=ui.key_id, signed_out_at=now, expires_at=ui.expires_at))
 
 
 def principal_of(db: Session, ui: UiSession, now: float) -> Principal | None:
@@ -131,10 +142,6 @@ def principal_of(db: Session, ui: UiSession, now: float) -> Principal | None:
     if scope not in SIGN_IN_SCOPES:
         return None
     return Principal(scope=scope, key_id=row.key_id, agent_pattern=row.agent_pattern, name=row.name)
-
-
-def _mac(row: SigningKeyRow) -> bytes:
-    return hmac.new(row.private_pem.encode(), _MAC_LABEL, hashlib.sha256).digest()
 
 
 def _sign(mac_key: bytes, payload: str) -> bytes:

@@ -130,7 +130,9 @@ class Pipeline:
         headers = {"X-Reach-Task-Id": d.task_id, "X-Reach-Attempt": str(d.attempt_seq)}
         if self.dpolicy.sign_deliveries and d.protocol != PROTOCOL_A2A:
             dp = self.dpolicy
-            signer = self.signer or Signer(self.sessions, issuer=dp.issuer, ttl_s=dp.token_ttl_s)
+            signer = self.signer or Signer(
+                self.sessions, issuer=dp.issuer, ttl_s=dp.token_ttl_s, seal=dp.seal
+            )
             # the body is encoded once, here: the token binds these exact bytes, and they
             # are what is posted
             raw = (

@@ -9,6 +9,7 @@ from reach.core.breaker import BreakerPolicy
 from reach.core.priority import PriorityPolicy
 from reach.core.retry import RetryPolicy
 from reach.core.retry_budget import RetryBudget
+from reach.hub.sealing import SealKey
 from reach.hub.settings import Settings
 from reach.hub.storage.models import TaskRow
 
@@ -33,6 +34,7 @@ class DeliveryPolicy:
     retry_budget: RetryBudget = field(default_factory=RetryBudget)  # re-sends per target
     priority: PriorityPolicy = field(default_factory=PriorityPolicy)  # background yields
     approval_patterns: tuple[str, ...] = ()  # approval.capabilities: gated whoever declares
+    seal: SealKey | None = None  # opens the signing key (reach.hub.sealing): HubContext's
 
     @classmethod
     def from_settings(cls, settings: Settings) -> DeliveryPolicy:

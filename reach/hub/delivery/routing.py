@@ -184,7 +184,11 @@ def route(
         trust_level=chosen.trust_level,
         caller=task.caller,
         protocol=chosen.protocol,
-        peer=peer_of(session, chosen.instance_id) if chosen.protocol == PROTOCOL_A2A else None,
+        peer=(
+            peer_of(session, chosen.instance_id, dpolicy.seal)
+            if chosen.protocol == PROTOCOL_A2A
+            else None
+        ),
         max_concurrency=chosen.max_concurrency,
     )
 

@@ -385,6 +385,19 @@ class ApiKeyRow(Base):
     revoked_at: Mapped[float | None] = mapped_column(Double, nullable=True)
 
 
+class UiSignOutRow(Base):
+    """A dashboard session signed out before its cookie expires (issue 37): the cookie is
+    refused from then on. Kept until the session would have expired anyway."""
+
+    __tablename__ = "ui_sign_outs"
+    __table_args__ = (Index("ix_ui_sign_outs_expires", "expires_at"),)  # retention
+
+    sid: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    signed_out_at: Mapped[float] = mapped_column(Double)
+    expires_at: Mapped[float] = mapped_column(Double)
+
+
 class SigningKeyRow(Base):
     """A key that signs reach tokens: it signs from ``not_before`` until a newer key takes
     over, and stays published in the JWKS until ``retire_after``."""

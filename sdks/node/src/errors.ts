@@ -358,6 +358,16 @@ export class Forbidden extends SecurityError {
   static override readonly title: string = "Forbidden";
 }
 
+/**
+ * Too many failed authentications from this client address: no credential it sends is
+ * checked until `retryAfterMs` (other addresses, and their keys, are not affected).
+ */
+export class TooManyAuthFailures extends SecurityError {
+  static override readonly slug: string = "too-many-auth-failures";
+  static override readonly defaultStatus: number = 429;
+  static override readonly title: string = "Too many failed authentications";
+}
+
 /** A delivery's reach token is forged, expired, replayed or meant for someone else. */
 export class InvalidReachToken extends SecurityError {
   static override readonly slug: string = "invalid-reach-token";
@@ -463,6 +473,13 @@ export class RequestTooLarge extends ReachError {
   static override readonly title: string = "Payload too large";
 }
 
+/** The request line and headers exceed the server's size or count limit. */
+export class HeadersTooLarge extends ReachError {
+  static override readonly slug: string = "headers-too-large";
+  static override readonly defaultStatus: number = 431;
+  static override readonly title: string = "Request header fields too large";
+}
+
 /** The request body is not valid JSON or not of the expected shape. */
 export class MalformedRequest extends ReachError {
   static override readonly slug: string = "malformed-request";
@@ -526,6 +543,7 @@ export const ERROR_CLASSES: readonly (typeof ReachError)[] = [
   Forbidden,
   InvalidReachToken,
   InvalidSignature,
+  TooManyAuthFailures,
   UnknownKey,
   ApprovalError,
   UnknownApproval,
@@ -539,6 +557,7 @@ export const ERROR_CLASSES: readonly (typeof ReachError)[] = [
   SessionClosed,
   UnknownSession,
   RequestTooLarge,
+  HeadersTooLarge,
   MalformedRequest,
   InvalidQuery,
   BadCursor,

@@ -97,6 +97,7 @@ def agents_admin_router(ctx: HubContext) -> APIRouter:
                 now=now,
                 policy=ctx.policy,
                 refresh_s=a2a.card_refresh_s,
+                seal=ctx.seal,
             )
             audit.record(
                 session,

@@ -26,6 +26,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from markupsafe import Markup
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from reach.core.auth import Action, Principal, permits
 from reach.hub.api import signin
@@ -188,17 +190,59 @@ def render(
 
 NO_STORE = {"Cache-Control": "no-store", "X-Frame-Options": "DENY"}
 
+# What a dashboard page may load: scripts, styles and connections (htmx's requests, its SSE
+# extension's streams) from the hub itself only; no inline script or style, no eval, no
+# plugin, no framing; forms post back here only. Everything the pages use is a file under
+# /ui/static; the templates carry no inline script or style attribute.
+CSP = "; ".join(
+    (
+        "default-src 'none'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "img-src 'self'",
+        "connect-src 'self'",
+        "form-action 'self'",
+        "frame-ancestors 'none'",
+        "base-uri 'none'",
+    )
+)
+PAGE_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+}
+
+
+class DashboardHeaders:
+    """Every answer under ``/`` and ``/ui`` (pages, fragments, streams, redirects and
+    refusals alike) carries `CSP` and its companions: a middleware, so no route can
+    forget them."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path") or ""
+        dashboard = path in ("/", signin.COOKIE_PATH) or path.startswith(signin.COOKIE_PATH + "/")
+        if scope["type"] != "http" or not dashboard:
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in PAGE_HEADERS.items():
+                    if name not in headers:
+                        headers.append(name, value)
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
 
 def new_session(ctx: HubContext, key_id: str | None) -> tuple[UiSession, str]:
-    """A new session and its cookie. A read, but for the hub's very first signing key:
-    anyone may ask for a page, and must not be able to take SQLite's write lock by it."""
-    now = ctx.clock.now()
-    with ctx.reading() as db:
-        key = signin.mac_key(db, now)
-    if key is None:
-        key = ctx.write(lambda db: signin.mac_key(db, now, create=True))
-    assert key is not None  # create=True always finds or makes one
-    return signin.new_session(key, key_id, now)
+    """A new session and its cookie (nothing is read or written: anyone may ask for a
+    page, and must not be able to touch the database by it)."""
+    return signin.new_session(signin.mac_key(ctx.seal), key_id, ctx.clock.now())
 
 
 def set_cookie(request: Request, response: Response, value: str) -> None:

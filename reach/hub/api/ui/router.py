@@ -3,6 +3,7 @@ every page package (`install_ui` is what the app calls)."""
 
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 from fastapi import APIRouter, FastAPI, Form, Request
@@ -12,12 +13,14 @@ from starlette.concurrency import run_in_threadpool
 from reach.core.auth import Scope
 from reach.hub import apikeys
 from reach.hub.api import signin
-from reach.hub.api.auth import _log_refusal
+from reach.hub.api.auth import LOCKED_OUT, _log_refusal, client_host
+from reach.hub.api.lockout import AuthLockout
 from reach.hub.api.ui import alerts, approvals, dagruns, deadletters, fleet, tasks
 from reach.hub.api.ui.pages import (
     LOGIN,
     NO_STORE,
     STATIC,
+    DashboardHeaders,
     article,
     check_csrf,
     clear_cookie,
@@ -40,8 +43,9 @@ NOT_FOR_SIGN_IN = (
 
 
 def install_ui(app: FastAPI, ctx: HubContext, stream_hub: StreamHub) -> None:
-    """Mount the dashboard on ``app`` (its routes and its refusal pages)."""
+    """Mount the dashboard on ``app`` (its routes, its refusal pages and its headers)."""
     install_handlers(app)
+    app.add_middleware(DashboardHeaders)  # outermost: refusals by AuthMiddleware too
     app.include_router(_base_router(ctx))
     app.include_router(fleet.router(ctx))
     app.include_router(tasks.router(ctx, stream_hub))
@@ -85,8 +89,21 @@ def _base_router(ctx: HubContext) -> APIRouter:
         next: Annotated[str, Form(max_length=2048)] = "/ui",
     ) -> Response:
         await check_csrf(request, getattr(request.state, "ui_session", None))
-        key_id, said = await run_in_threadpool(_check_key, ctx, api_key.strip())
+        lockout: AuthLockout = request.app.state.auth_lockout
+        host, now = client_host(request.scope), ctx.clock.now()
+        wait = lockout.locked_for(host, now)
+        if wait is not None:  # the key is not even checked (reach.hub.api.auth)
+            seconds = max(1, math.ceil(wait))
+            said = LOCKED_OUT.format(seconds=seconds)
+            _log_refusal("POST", LOGIN, Refusal("locked_out", said))
+            context = {"next": _safe_next(next), "error": said}
+            page = render(request, viewer_of(request), "login.html", context, status_code=429)
+            page.headers["Retry-After"] = str(seconds)
+            return page
+        key_id, said, failed = await run_in_threadpool(_check_key, ctx, api_key.strip())
         if key_id is None:
+            if failed:
+                lockout.failed(host, now)
             context = {"next": _safe_next(next), "error": said}
             return render(request, viewer_of(request), "login.html", context, status_code=401)
         _, cookie = await run_in_threadpool(new_session, ctx, key_id)
@@ -101,6 +118,9 @@ def _base_router(ctx: HubContext) -> APIRouter:
     async def logout(request: Request) -> Response:
         session = getattr(request.state, "ui_session", None)
         await check_csrf(request, session)
+        if isinstance(session, signin.UiSession) and session.key_id is not None:
+            now = ctx.clock.now()
+            await run_in_threadpool(ctx.write, lambda db: signin.sign_out(db, session, now))
         response = RedirectResponse(LOGIN, status_code=303, headers=NO_STORE)
         clear_cookie(request, response)
         return response
@@ -108,9 +128,10 @@ def _base_router(ctx: HubContext) -> APIRouter:
     return router
 
 
-def _check_key(ctx: HubContext, secret: str) -> tuple[str | None, str]:
-    """The key id ``secret`` signs in as and its scope, or None and why not (for the
-    sign-in page)."""
+def _check_key(ctx: HubContext, secret: str) -> tuple[str | None, str, bool]:
+    """The key id ``secret`` signs in as and its scope, or None, why not (for the sign-in
+    page) and whether that was a failed authentication (an empty field is not, nor a
+    valid key of a scope that may not sign in)."""
     if not secret:
         return _refuse(Refusal("missing", "enter an API key"))
     with ctx.reading() as session:
@@ -120,12 +141,12 @@ def _check_key(ctx: HubContext, secret: str) -> tuple[str | None, str]:
     if checked.scope not in signin.SIGN_IN_SCOPES or checked.key_id is None:
         detail = NOT_FOR_SIGN_IN.format(scope=article(checked.scope.value))
         return _refuse(Refusal("scope", detail, checked.key_id))
-    return checked.key_id, checked.scope.value
+    return checked.key_id, checked.scope.value, False
 
 
-def _refuse(refusal: Refusal) -> tuple[None, str]:
+def _refuse(refusal: Refusal) -> tuple[None, str, bool]:
     _log_refusal("POST", LOGIN, refusal)
-    return None, refusal.detail
+    return None, refusal.detail, refusal.reason not in ("missing", "scope")
 
 
 def _safe_next(target: str) -> str:

@@ -5,7 +5,7 @@ windows after it the instance takes a growing share of its tasks, and a failure 
 time opens the breaker again at once.
 
 Revision ID: 0026
-Revises: 0021
+Revises: 0023
 Create Date: 2026-12-06
 """
 
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0026"
-down_revision = "0021"
+down_revision = "0023"
 branch_labels = None
 depends_on = None
 
