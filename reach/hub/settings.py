@@ -342,7 +342,24 @@ class SecuritySettings(_Section):
     l3_max_payload_bytes: int = Field(
         65_536, ge=256, description="the payload cap of reaches to or from an L3 agent"
     )
+    allow_loopback_agents: bool = Field(
+        False,
+        description="loopback agent addresses allowed on a hub that is not a local demo "
+        "(loopback bind with auth off allows them anyway)",
+    )
+    agent_networks: list[str] = Field(
+        default_factory=list,
+        description="CIDRs of private networks agents may live in (the hub probes and "
+        "calls them); link-local is never called. Environment: a JSON list",
+    )
     tls: TlsSettings = TlsSettings()
+
+    @field_validator("agent_networks")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        from reach.core.networks import parse_networks
+
+        return [str(n) for n in parse_networks(value)]
 
 
 class ApprovalSettings(_Section):
@@ -402,7 +419,7 @@ class CallbackSettings(_Section):
     the caller's URL (``reach.hub.callbacks``), at least once, then dead-letters it."""
 
     allow_private: bool = Field(
-        False, description="allow loopback, private and link-local callback URLs (SSRF)"
+        False, description="allow loopback and private callback URLs (link-local: never)"
     )
     max_retries: int = Field(
         8, ge=0, le=100, description="failed POSTs retried this often before the dead letter"

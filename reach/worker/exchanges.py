@@ -67,7 +67,9 @@ def _build() -> Machinery:
         else None,
         ctx.shared_counts,  # hub-wide breaker windows and retry budgets
     )
-    transport = AgentTransport(tls=HubTls.from_settings(settings), loop=LoopThread())
+    transport = AgentTransport(
+        tls=HubTls.from_settings(settings), loop=LoopThread(), network=ctx.policy.network
+    )
     exchanges = settings.exchanges
     exchanger = Exchanger(
         pipeline,

@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reach.core import a2a as rules
 from reach.core import lifecycle
-from reach.core.answers import AgentAnswer
+from reach.core.answers import AgentAnswer, described_body
 from reach.core.lifecycle import TaskEvent
 from reach.core.retry import RetryPolicy
 from reach.core.statuses import TaskStatus
@@ -249,7 +249,9 @@ def _apply(
     error = {
         "kind": answer.error_kind,
         "http_status": answer.status,
-        "message": (answer.error or verdict.message or str(answer.body))[:2000],
+        "message": (answer.error or verdict.message or described_body(answer.status, answer.body))[
+            :2000
+        ],
         "instance_id": item.instance_id,
     }
     failed = session.scalar(

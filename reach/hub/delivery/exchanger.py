@@ -43,6 +43,7 @@ from prometheus_client import Counter
 from reach.core import a2a as a2a_rules
 from reach.core.answers import AgentAnswer
 from reach.core.channel import redacted
+from reach.core.networks import NetworkRule
 from reach.errors import HubUnavailable
 from reach.hub import breakers as breaker_store
 from reach.hub import sessions as user_sessions
@@ -203,10 +204,12 @@ class Exchanger:
         connect_timeout: float,
         timeout: float,
         then: Callable[[AgentAnswer], object],
+        rule: NetworkRule | None = None,
     ) -> None:
         """POST ``body`` from the loop, then call ``then(answer)`` on a recorder thread; a
         place among ``max_in_flight`` is held meanwhile. Nothing here keeps it
-        at-least-once: the caller's own claim in the store does (a callback's lease)."""
+        at-least-once: the caller's own claim in the store does (a callback's lease).
+        ``rule``: the addresses this POST may go to (a callback's), judged as it connects."""
         self._places.acquire()
         EXCHANGES_TOTAL.labels("started").inc()
 
@@ -214,7 +217,7 @@ class Exchanger:
             loop = asyncio.get_running_loop()
             try:
                 answer = await self.transport.http.post(
-                    url, body, connect_timeout, timeout, headers
+                    url, body, connect_timeout, timeout, headers, rule=rule
                 )
                 await loop.run_in_executor(self._recorder, then, answer)
             except Exception:  # the caller's claim lapses and its net takes it again
