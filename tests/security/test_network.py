@@ -47,7 +47,7 @@ from tests.conftest import (
     wait_until,
 )
 from tests.support.a2a_echo import A2aEchoProcess
-from tests.support.listeners import SlowHttpListener
+from tests.support.listeners import SlowHttpListener, closed_port
 
 PROBLEM = "urn:agent-reach:problem:"
 _TEXTUAL_LOOPBACK = {"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"}
@@ -394,3 +394,47 @@ def test_an_a2a_card_that_redirects_is_not_followed(
         assert "HTTP 302" in answer.json()["detail"]
     finally:
         echo.stop()
+
+
+# -- item 12: delivery errors name the kind of failure, not the address -------------------
+
+
+def _messages(stack: Stack, task: dict[str, Any]) -> str:
+    """Every delivery error a caller is shown for the task: its own, and those its events
+    carry (a retry's, the terminal failure's). The ``dispatched`` event names the
+    endpoint the registrant declared, which is no error and tells it nothing new."""
+    texts = [json.dumps(task.get("error"))]
+    for event in stack.events(task["task_id"]):
+        texts.append(json.dumps((event.get("detail") or {}).get("error")))
+    return "\n".join(texts)
+
+
+def test_delivery_errors_name_the_kind_of_failure_not_the_address(
+    stack_with_worker: Stack,
+) -> None:
+    """A port-scan oracle: an agent key registers its "agent" at each port of a host
+    and reads which refuse and which are silent from the task errors. They now say only
+    the kind of failure; neither the host nor the port is quoted."""
+    s = stack_with_worker
+    closed = closed_port()
+    silent = SlowHttpListener(delay=3600)  # accepts, never answers
+    try:
+        for agent_id, port, kind in (("scan-closed", closed, "connection refused"),
+                                     ("scan-silent", silent.port, "timed out")):  # fmt: skip
+            body = {"agent_id": agent_id, "addr": f"127.0.0.1:{port}", "allow_loopback": True,
+                    "capabilities": [{"type": "m"}]}  # fmt: skip
+            assert requests.post(f"{s.url}/v1/agents/register", json=body, timeout=30).ok
+            sent = requests.post(
+                f"{s.url}/v1/tasks",
+                json={"agent_id": agent_id, "method": "m", "timeout_ms": 1000},
+                timeout=30,
+            )
+            assert sent.status_code == 201, sent.text
+            task = _finished(s, sent.json()["task_id"])
+            assert task["status"] == "dead", task
+            shown = _messages(s, task)
+            assert kind in shown, shown
+            assert str(port) not in shown, f"the port is quoted: {shown}"
+            assert "127.0.0.1" not in shown, f"the address is quoted: {shown}"
+    finally:
+        silent.close()

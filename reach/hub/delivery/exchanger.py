@@ -140,7 +140,8 @@ class Exchanger:
             exchanged = await self._at_instance(d, progress, started)
         except Exception as exc:  # a transport's bug must not lose the attempt: transient
             log.exception("exchange of %s#%d failed", d.task_id, d.attempt_seq)
-            exchanged = Exchanged(AgentAnswer(None, None, f"{type(exc).__name__}: {exc}"))
+            # its kind only: an exception's text may name the agent's address and port
+            exchanged = Exchanged(AgentAnswer(None, None, f"unreachable: {type(exc).__name__}"))
         elapsed = time.perf_counter() - started
         if exchanged is CANCELLED:  # ended before it was sent: nothing to record
             self._ended(d)

@@ -24,7 +24,9 @@ and httpx's async client 11 ms. Foreign exceptions stop here: callers get
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
+import socket
 import ssl
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine
@@ -360,13 +362,38 @@ def _chain(exc: BaseException) -> list[BaseException]:
 
 
 def _described(exc: BaseException) -> str:
-    refused = next((e for e in _chain(exc) if isinstance(e, AddressRefusedError)), None)
+    """What an exchange that got no answer is recorded as (the task's error, its events,
+    the dead letter): the kind of failure, never the exception's own text. That text names
+    the address and port it failed on, and whoever reads task errors could tell which
+    ports of a host refuse, reset or keep silent: a port scanner (issue 37). A timeout
+    says ``timed out`` (`AgentAnswer.error_kind` reads it)."""
+    chain = _chain(exc)
+
+    def has(*kinds: type[BaseException]) -> bool:
+        return any(isinstance(e, kinds) for e in chain)
+
+    refused = next((e for e in chain if isinstance(e, AddressRefusedError)), None)
     if refused is not None:  # the network rule: nothing was connected
         return str(refused)
-    text = str(exc) or repr(exc)
-    if isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
-        return f"timed out: {text}"
-    return f"{type(exc).__name__}: {text}"
+    if has(TimeoutError, aiohttp.ServerTimeoutError):
+        return "timed out: the agent did not answer in time"
+    if has(aiohttp.ClientConnectorDNSError, socket.gaierror):
+        return "unreachable: the agent's host name does not resolve"
+    if has(ssl.SSLError, ssl.CertificateError, aiohttp.ClientSSLError):
+        # OpenSSL's reason (CERTIFICATE_VERIFY_FAILED ...) names no host; its text may
+        reasons = [str(r) for e in chain if isinstance(r := getattr(e, "reason", None), str)]
+        return "unreachable: the TLS handshake failed" + (f" ({reasons[0]})" if reasons else "")
+    if has(ConnectionRefusedError) or any(
+        isinstance(e, OSError) and e.errno == errno.ECONNREFUSED for e in chain
+    ):
+        return "unreachable: connection refused"
+    if has(ConnectionResetError, BrokenPipeError, aiohttp.ServerDisconnectedError):
+        return "unreachable: the connection was closed before the answer"
+    if has(aiohttp.ClientPayloadError):
+        return "unreachable: the answer broke off"
+    if has(aiohttp.ClientConnectorError, OSError):
+        return "unreachable: no connection to the agent"
+    return f"unreachable: {type(exc).__name__}"
 
 
 def _verification_failed(exc: BaseException) -> bool:
