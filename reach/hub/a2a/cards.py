@@ -166,9 +166,15 @@ def register_card(
     policy: Policy,
     refresh_s: float,
     network: NetworkRule | None = None,
+    refresh: bool = False,
 ) -> dict[str, Any]:
     """Register (or refresh) the card's agent and its one A2A instance; its view
-    (``network``: the rule its address is judged by; default the policy's)."""
+    (``network``: the rule its address is judged by; default the policy's).
+
+    A credential is bound to the origin of the JSON-RPC URL the card named when it was
+    given: a card that names another origin later (``refresh``: the beat's re-read; or
+    an admin's registration without the credential) is refused, and the credential
+    stays where it was given. Only an admin who gives the credential again moves it."""
     facts = fetched.facts
     if facts.scheme.kind != "none" and not credential:
         raise InvalidAgentCard(
@@ -177,6 +183,15 @@ def register_card(
             card_url=fetched.url,
         )
     instance_id = instance_id_of(fetched.url)
+    origin = rules.origin_of(facts.rpc_url)
+    bound = _credential_origin(session.get(InstanceRow, instance_id))
+    if bound is not None and bound != origin and (refresh or not credential):
+        raise InvalidAgentCard(
+            f"the card now names its JSON-RPC at {origin}, and the credential the hub holds "
+            f"for it is bound to {bound}: it does not follow the agent to another host. An "
+            "admin who trusts the new host registers the card again with the credential",
+            card_url=fetched.url,
+        )
     try:
         req = RegisterRequest(
             agent_id=agent_id or rules.agent_id_of(facts.name),
@@ -213,6 +228,8 @@ def register_card(
     }  # fmt: skip
     if credential:
         row.a2a_credential = credential
+    if row.a2a_credential:
+        row.a2a = {**row.a2a, "credential_origin": origin}
     if not answer.created:
         row.heartbeat_count += 1  # a card read again: the heartbeat of an A2A instance
     session.flush()
@@ -221,6 +238,17 @@ def register_card(
         "card_url": fetched.url,
         "skills": [s["id"] for s in facts.skills],
     }
+
+
+def _credential_origin(row: InstanceRow | None) -> str | None:
+    """Where the credential ``row`` holds may be presented (None: it holds none)."""
+    if row is None or not row.a2a_credential:
+        return None
+    a2a = row.a2a or {}
+    bound = a2a.get("credential_origin")
+    if bound:
+        return str(bound)
+    return rules.origin_of(str(a2a["rpc_url"])) if a2a.get("rpc_url") else None
 
 
 def due_refreshes(session: Session) -> list[tuple[str, str, str, str | None, bool, int]]:
@@ -270,6 +298,7 @@ def refresh_one(
                 now=now(),
                 policy=policy,
                 refresh_s=refresh_s,
+                refresh=True,
             )
         return True
     except ReachError as exc:

@@ -64,15 +64,18 @@ def peer_of(session: Session, instance_id: str) -> Peer | None:
     if row is None or row.protocol != PROTOCOL or not row.a2a:
         return None
     scheme = row.a2a.get("scheme") or {}
+    rpc_url = str(row.a2a["rpc_url"])
+    # the credential goes only where it was given (reach.hub.a2a.cards binds it)
+    bound = row.a2a.get("credential_origin") or rules.origin_of(rpc_url)
     return Peer(
-        rpc_url=str(row.a2a["rpc_url"]),
+        rpc_url=rpc_url,
         streaming=bool(row.a2a.get("streaming")),
         scheme=rules.Scheme(
             str(scheme.get("kind", "none")),
             str(scheme.get("name", "")),
             str(scheme.get("header", "")),
         ),
-        credential=row.a2a_credential,
+        credential=row.a2a_credential if rules.origin_of(rpc_url) == bound else None,
     )
 
 
