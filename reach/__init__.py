@@ -6,6 +6,7 @@ The public surface is what ``__all__`` lists; everything else is internal.
 from typing import TYPE_CHECKING, Any
 
 from reach.errors import (
+    AddressRefused,
     AgentTimeout,
     AgentUnreachable,
     ApprovalExpired,
@@ -130,6 +131,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ACCEPTED",
+    "AddressRefused",
     "Agent",
     "AgentTimeout",
     "AgentUnreachable",

@@ -4,7 +4,8 @@
     ├── ConfigError                 bad setting at start-up (names the key)
     ├── RegistryError
     │   ├── InvalidRegistration     body or capability declaration rejected
-    │   ├── LoopbackAddress         a loopback endpoint without allow_loopback
+    │   ├── LoopbackAddress         a loopback endpoint the hub will not call
+    │   ├── AddressRefused          an address outside the networks the hub calls
     │   ├── RegistrationConflict    same agent/instance declared differently
     │   ├── RegistryLimit           past a bound on what one agent or one key may register
     │   ├── UnknownInstance         heartbeat/deregister for an instance we never saw
@@ -133,11 +134,19 @@ class InvalidRegistration(RegistryError):
 
 
 class LoopbackAddress(RegistryError):
-    """A loopback address was given without the explicit local-development opt-in."""
+    """A loopback address without the agent's opt-in, or on a hub that calls none."""
 
     slug = "loopback-address"
     status = 422
     title = "Loopback address refused"
+
+
+class AddressRefused(RegistryError):
+    """An address that resolves where the hub never calls (or does not resolve at all)."""
+
+    slug = "address-refused"
+    status = 422
+    title = "Address refused"
 
 
 class RegistrationConflict(RegistryError):

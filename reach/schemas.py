@@ -10,15 +10,39 @@ import json
 from typing import Annotated, Any, Literal
 
 from jsonschema import Draft202012Validator, SchemaError
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from reach.core import params_schema
 from reach.core.endpoints import parse_endpoint
+from reach.core.names import MAX_NAME, NAME_PATTERN, is_path, name_refusal
 
 AgentId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")]
 InstanceId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")]
 Tag = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,63}$")]
-CapabilityType = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")]
+
+
+def _a_name(what: str) -> BeforeValidator:
+    """A clear error for a value that is a path, not a name (`reach.core.names`), before
+    the pattern's own (which says only that it does not match)."""
+
+    def check(value: Any) -> Any:
+        if isinstance(value, str) and is_path(value):
+            raise ValueError(name_refusal(value, what))
+        return value
+
+    return BeforeValidator(check)
+
+
+CapabilityType = Annotated[
+    str, _a_name("capability type"), Field(pattern=NAME_PATTERN, max_length=MAX_NAME)
+]
 Example = Annotated[str, Field(min_length=1, max_length=300)]
 Intent = Annotated[str, Field(min_length=1, max_length=1000, pattern=r"\S")]
 MetadataValue = str | int | float | bool
@@ -151,7 +175,7 @@ class DeregisterRequest(WireModel):
 
 
 TaskId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}$")]
-Method = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")]
+Method = Annotated[str, _a_name("method"), Field(pattern=NAME_PATTERN, max_length=MAX_NAME)]
 
 
 class TraceContext(WireModel):

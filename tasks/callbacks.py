@@ -14,6 +14,7 @@ from typing import Any
 
 from celery import shared_task
 
+from reach.core import callbacks as callback_rules
 from reach.core.answers import AgentAnswer
 from reach.hub import callbacks
 from reach.worker.exchanges import machinery
@@ -56,8 +57,9 @@ def send_callback(self: Any, callback_id: int) -> str:
             callbacks.publish(ctx.publisher.app, callback_id, countdown=sent.retry_in)
 
     machinery().exchanger.hand_over_post(
-        post.url, post.body, post.headers, post.connect_timeout, post.timeout, record
-    )
+        post.url, post.body, post.headers, post.connect_timeout, post.timeout, record,
+        rule=callback_rules.rule_of(settings.allow_private),
+    )  # fmt: skip
     return "sent"
 
 

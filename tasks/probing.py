@@ -47,7 +47,9 @@ def _probe_and_record(target: ProbeTarget) -> None:
 
     ctx = runtime()
     try:
-        outcome = probe_once(target, ctx.policy.probe_timeout, ctx.clock.now)
+        outcome = probe_once(
+            target, ctx.policy.probe_timeout, ctx.clock.now, rule=ctx.policy.network
+        )
         with ctx.transaction() as session:
             monitoring.record_probe(session, outcome, ctx.clock.now(), ctx.policy)
     except Exception:

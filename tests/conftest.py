@@ -215,7 +215,12 @@ class HubProcess:
 
 
 def hub_env(store_url: str, home: Path, **extra: str) -> dict[str, str]:
+    """A hub process's environment. Test agents listen on 127.0.0.1, and a hub that
+    requires API keys calls loopback agents only when the operator says so: the test
+    stacks say so (pass ``REACH_SECURITY__ALLOW_LOOPBACK_AGENTS="false"`` to test the
+    refusal)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("REACH_")}
+    env["REACH_SECURITY__ALLOW_LOOPBACK_AGENTS"] = "true"
     env.update({"REACH_DATABASE_URL": store_url, "REACH_HOME": str(home), **extra})
     env["PYTHONUNBUFFERED"] = "1"
     return env

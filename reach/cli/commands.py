@@ -192,11 +192,11 @@ def api(
         from reach.hub.api.serve import reuse_port_socket, serve_on
 
         sock = reuse_port_socket(bind, port or settings.server.port)
-        serve_on(create_app(ctx, require_auth=require_auth), sock, limits)
+        serve_on(create_app(ctx, require_auth=require_auth, bind_host=bind), sock, limits)
         return
     if settings.server.admin_port is None:
         uvicorn.run(
-            create_app(ctx, require_auth=require_auth),
+            create_app(ctx, require_auth=require_auth, bind_host=bind),
             host=bind,
             port=port or settings.server.port,
             **uvicorn_options(limits),
@@ -207,12 +207,12 @@ def api(
     serve_together(
         [
             (
-                create_app(ctx, Surface.PUBLIC, require_auth=require_auth),
+                create_app(ctx, Surface.PUBLIC, require_auth=require_auth, bind_host=bind),
                 bind,
                 port or settings.server.port,
             ),
             (
-                create_app(ctx, Surface.ADMIN, require_auth=require_auth),
+                create_app(ctx, Surface.ADMIN, require_auth=require_auth, bind_host=bind),
                 bind,
                 settings.server.admin_port,
             ),

@@ -55,6 +55,7 @@ __all__ = [
     "hub_task_id",
     "judge_response",
     "judge_task",
+    "origin_of",
     "parts_of",
     "payload_of",
     "send_params",
@@ -359,6 +360,20 @@ def card_url_of(url: str) -> str:
     if urlsplit(url).path.endswith(".json"):
         return url
     return url.rstrip("/") + WELL_KNOWN_CARD
+
+
+def origin_of(url: str) -> str:
+    """``scheme://host:port`` of ``url``, the port spelt out: where the hub presents an A2A
+    agent's credential. It is bound to the origin of the JSON-RPC URL the card named when
+    an admin gave it, and never follows the agent anywhere else (issue 37)."""
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower()
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        port = 0
+    shown = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme.lower()}://{shown}:{port}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ cannot be handed the other (``reach.verify_callback`` requires the type,
 every retry, so a receiver drops repeats (delivery is at least once).
 
 The URL is a server-side request chosen by a caller: it must be http(s) without
-credentials and resolve to public addresses only, unless ``callbacks.allow_private``.
+credentials and resolve to addresses the hub may call (`reach.core.networks`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final
 from urllib.parse import urlsplit
 
+from reach.core.networks import Network, NetworkRule
 from reach.core.retry import RetryPolicy, backoff_delay
-from reach.core.webhooks import address_refusal
 
 __all__ = [
     "CALLBACK_TYP",
@@ -28,6 +28,7 @@ __all__ = [
     "next_delay",
     "progress_body",
     "result_body",
+    "rule_of",
     "url_refusal",
 ]
 
@@ -36,11 +37,16 @@ MAX_URL_LENGTH: Final = 512  # the tasks.callback_url column
 
 
 def url_refusal(
-    url: str, allow_private: bool, resolve: Callable[[str, int], Sequence[str]]
+    url: str,
+    allow_private: bool,
+    resolve: Callable[[str, int], Sequence[str]],
+    networks: Sequence[Network] = (),
 ) -> str | None:
-    """Why the hub will not POST to ``url``, or None. The shape is checked always; the
-    addresses (every one ``resolve`` gives: one private address refuses the whole name)
-    only without ``allow_private``. A name that does not resolve raises ``OSError``."""
+    """Why the hub will not POST to ``url``, or None. The shape is checked always, and
+    every address ``resolve`` gives (one refused address refuses the whole name) by
+    `reach.core.networks`: public addresses, the operator's ``networks``, and with
+    ``allow_private`` loopback and private ones too; link-local never. A name that does
+    not resolve raises ``OSError``."""
     if len(url) > MAX_URL_LENGTH:
         return f"the URL is longer than {MAX_URL_LENGTH} characters"
     try:
@@ -54,16 +60,20 @@ def url_refusal(
         return "credentials in the URL (they would be sent and logged in the clear)"
     if parts.fragment:
         return "a URL fragment (never sent to a server)"
-    if allow_private:
-        return None
+    rule = rule_of(allow_private, networks)
     addresses = resolve(parts.hostname, port or (443 if parts.scheme == "https" else 80))
     if not addresses:
         raise OSError(f"{parts.hostname} resolves to no address")
-    for address in addresses:
-        refusal = address_refusal(address)
-        if refusal is not None:
-            return f"{parts.hostname}: {refusal} (callbacks.allow_private is off)"
+    why = rule.first_refusal(addresses)
+    if why is not None:
+        setting = " (callbacks.allow_private is off)" if not allow_private else ""
+        return f"{parts.hostname}: {why}{setting}"
     return None
+
+
+def rule_of(allow_private: bool, networks: Sequence[Network] = ()) -> NetworkRule:
+    """The addresses callbacks may go to (`reach.core.networks`)."""
+    return NetworkRule(loopback=allow_private, private=allow_private, networks=tuple(networks))
 
 
 def next_delay(attempts: int, base: float, cap: float, rng: random.Random) -> float:

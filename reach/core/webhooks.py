@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import base64
 import binascii
-import ipaddress
 import json
 from enum import StrEnum
 from typing import Any, Final
+
+from reach.core.networks import NetworkRule
 
 __all__ = [
     "SIGNATURE_HEADER",
@@ -38,6 +39,7 @@ __all__ = [
 ]
 
 SIGNATURE_HEADER: Final = "Reach-Signature"
+PUBLIC_ONLY: Final = NetworkRule()
 EVENT: Final = "approval_requested"
 
 
@@ -129,19 +131,8 @@ def split_detached(value: str) -> tuple[str, dict[str, Any], bytes]:
     return parts[0], header, b64url_decode(parts[2])
 
 
-def address_refusal(address: str) -> str | None:
-    """Why the hub may not POST to ``address`` (an IP), or None for a public address."""
-    ip = ipaddress.ip_address(address)
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    for kind, flag in (
-        ("loopback", ip.is_loopback),
-        ("unspecified", ip.is_unspecified),
-        ("link-local", ip.is_link_local),
-        ("multicast", ip.is_multicast),
-        ("private", ip.is_private),
-        ("reserved", ip.is_reserved),
-    ):
-        if flag:
-            return f"{address} is a {kind} address"
-    return None
+def address_refusal(address: str, rule: NetworkRule = PUBLIC_ONLY) -> str | None:
+    """Why the hub may not POST to ``address`` (an IP), or None: ``rule`` (default:
+    public addresses only) as `reach.core.networks` judges every call the hub makes."""
+    why = rule.refusal(address)
+    return None if why is None else f"{address} is {why}"

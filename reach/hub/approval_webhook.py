@@ -35,9 +35,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import event, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from reach.core.networks import NetworkRule
 from reach.core.statuses import ApprovalStatus
 from reach.core.tokens import ALGORITHM
 from reach.core.webhooks import (
+    PUBLIC_ONLY,
     SIGNATURE_HEADER,
     Answer,
     address_refusal,
@@ -118,13 +120,15 @@ def deliver(
         body = canonical(request_body(_record(row), settings.public_url))
         key = signing.current_key(session, now, seal)
         kid, pem = key.kid, signing.private_pem(key, seal)
-    if not settings.webhook_allow_private:
-        try:
-            refusal = url_refusal(url, resolve or _resolve)
-        except OSError as exc:  # resolution may work next time
-            return Sent(Answer.RETRY, f"the webhook host does not resolve: {exc}")
-        if refusal is not None:
-            return Sent(Answer.DROP, f"refused (approval.webhook_allow_private is off): {refusal}")
+    allow = settings.webhook_allow_private
+    rule = NetworkRule(loopback=allow, private=allow)  # link-local: never
+    try:
+        refusal = url_refusal(url, resolve or _resolve, rule)
+    except OSError as exc:  # resolution may work next time
+        return Sent(Answer.RETRY, f"the webhook host does not resolve: {exc}")
+    if refusal is not None:
+        setting = "" if allow else " (approval.webhook_allow_private is off)"
+        return Sent(Answer.DROP, f"refused{setting}: {refusal}")
     headers = {
         "Content-Type": "application/json",
         SIGNATURE_HEADER: sign(body, kid, pem),
@@ -148,10 +152,12 @@ def sign(body: bytes, kid: str, private_pem: str) -> str:
     return detached(protected, key.sign(signing_input(protected, body)))
 
 
-def url_refusal(url: str, resolve: Callable[[str, int], list[str]]) -> str | None:
-    """Why the hub may not POST to ``url``, or None: every address it resolves to must be
-    public (a name resolving to one private address is refused as a whole). A name that
-    does not resolve raises ``OSError``."""
+def url_refusal(
+    url: str, resolve: Callable[[str, int], list[str]], rule: NetworkRule = PUBLIC_ONLY
+) -> str | None:
+    """Why the hub may not POST to ``url``, or None: every address it resolves to must
+    be one ``rule`` allows (default: public only; a name resolving to one refused address
+    is refused as a whole). A name that does not resolve raises ``OSError``."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return f"{url!r} is not an http(s) URL"
@@ -160,7 +166,7 @@ def url_refusal(url: str, resolve: Callable[[str, int], list[str]]) -> str | Non
     if not addresses:
         raise OSError(f"{parts.hostname} resolves to no address")
     for address in addresses:
-        refusal = address_refusal(address)
+        refusal = address_refusal(address, rule)
         if refusal is not None:
             return f"{parts.hostname}: {refusal}"
     return None

@@ -221,7 +221,8 @@ def register(
             row.breaker_open_until = None
             row.consecutive_failure_count = 0
         row.breaker_opened_at = now  # evidence from before this socket opens nothing
-    answer = registry.register(session, req, now, policy, limits)
+    # the endpoint is a replica of this hub's, not an address the agent chose
+    answer = registry.register(session, req, now, policy, limits, judged=False)
     row = session.get(InstanceRow, req.instance_id)
     if row is not None:
         row.next_probe_at = NEVER_PROBE

@@ -15,6 +15,7 @@ from sqlalchemy import func, or_, select, text
 from sqlalchemy.orm import Session
 
 from reach.core.health import InstanceStatus
+from reach.core.networks import NetworkRule, is_demo_hub, parse_networks
 from reach.core.reachability import (
     Assessment,
     HeartbeatState,
@@ -43,6 +44,7 @@ class Policy:
     window: int
     probe_timeout: float
     probe_limit: int
+    network: NetworkRule  # the addresses of agents the hub will probe and call
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Policy:
@@ -64,7 +66,24 @@ class Policy:
             window=probe.window,
             probe_timeout=probe.timeout,
             probe_limit=probe.max_concurrent,
+            network=agent_rule(settings),
         )
+
+
+def agent_rule(settings: Settings, demo: bool | None = None) -> NetworkRule:
+    """Which agent addresses this hub calls (``reach.core.networks``): a local demo (or
+    ``security.allow_loopback_agents``) takes loopback agents, a demo private ones too,
+    and every hub the networks the operator declared. ``demo``: as the API resolved it
+    against the address it really binds (``reach api --host``); default: from the
+    settings (``server.host``, ``security.require_auth``)."""
+    security = settings.security
+    if demo is None:
+        demo = is_demo_hub(security.require_auth, settings.server.host)
+    return NetworkRule(
+        loopback=demo or security.allow_loopback_agents,
+        private=demo,
+        networks=parse_networks(security.agent_networks),
+    )
 
 
 def window_of(row: InstanceRow, size: int) -> ProbeWindow:

@@ -22,7 +22,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from reach.core.endpoints import parse_endpoint
+from reach.core.networks import NetworkRule
 from reach.core.scoring import ProbeSample
+from reach.hub.networks import Resolve, judge_host, resolve
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,14 +42,33 @@ class ProbeOutcome:
 
 
 def probe_once(
-    target: ProbeTarget, timeout: float, now: Callable[[], float] = time.time
+    target: ProbeTarget,
+    timeout: float,
+    now: Callable[[], float] = time.time,
+    rule: NetworkRule | None = None,
+    resolver: Resolve = resolve,
 ) -> ProbeOutcome:
-    """One probe; never raises for network trouble (that is the measurement)."""
+    """One probe; never raises for network trouble (that is the measurement).
+
+    With a ``rule`` (the hub's, `reach.core.networks`) the name is resolved first and
+    every address judged; the probe then connects to the first judged address itself,
+    so DNS cannot answer differently between the check and the connection. A refused
+    address is a failed probe, and nothing is sent."""
     ep = parse_endpoint(target.url)
     started = time.perf_counter()
     at = now()
+    failed = ProbeSample(ok=False, rtt_ms=None, at=at)
+    address = ep.host
+    if rule is not None:
+        try:
+            addresses, why = judge_host(ep.host, ep.port, rule, resolver)
+        except OSError:
+            return ProbeOutcome(target.instance_id, failed, "the name does not resolve")
+        if why is not None:
+            return ProbeOutcome(target.instance_id, failed, f"address refused: {why}")
+        address = addresses[0]
     try:
-        with socket.create_connection((ep.host, ep.port), timeout=timeout) as sock:
+        with socket.create_connection((address, ep.port), timeout=timeout) as sock:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             deadline = started + timeout
             host = f"[{ep.host}]" if ":" in ep.host else ep.host

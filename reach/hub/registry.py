@@ -32,19 +32,24 @@ from sqlalchemy.orm import Session
 from reach.core import paging
 from reach.core.breaker import routable as breaker_routable
 from reach.core.breaker import state as breaker_state
-from reach.core.channel import shown_endpoint
-from reach.core.endpoints import parse_endpoint, refusal
+from reach.core.channel import INTERNAL_PATH, shown_endpoint
+from reach.core.endpoints import Endpoint, parse_endpoint, refusal
 from reach.core.health import HeartbeatFacts, InstanceStatus, heartbeat_age, liveness
+from reach.core.networks import NetworkRule
 from reach.core.reachability import Alert, HeartbeatState, assess, rise_streak
 from reach.core.routing import Candidate, Declaration, RouteFilter, eligibility
 from reach.core.scoring import ProbeWindow
 from reach.errors import (
+    AddressRefused,
+    InvalidRegistration,
+    LoopbackAddress,
     RegistrationConflict,
     RegistryLimit,
     UnknownAgent,
     UnknownInstance,
 )
 from reach.hub.monitoring import Policy, current, reassess
+from reach.hub.networks import Resolve, judge_host, resolve
 from reach.hub.storage.models import AgentCapabilityRow, AgentRow, AgentTagRow, InstanceRow
 from reach.schemas import (
     Capability,
@@ -100,19 +105,28 @@ def register(
     policy: Policy,
     limits: Limits = DEFAULT_LIMITS,
     owner: str | None = None,
+    *,
+    network: NetworkRule | None = None,
+    resolver: Resolve = resolve,
+    judged: bool = True,
 ) -> RegisterResponse:
     """Register (or refresh) one instance of an agent.
 
     A new instance past ``limits`` (live instances of the agent) is refused with
     `RegistryLimit`, nothing written. ``owner`` is the registering API key's id: a new
     agent is recorded as its own, and an address held by another owner's agent stays
-    that agent's (`_check_endpoint_owner`)."""
+    that agent's (`_check_endpoint_owner`). The address the hub will call is resolved
+    and judged by ``network`` (default: the policy's rule for agents); ``judged=False``
+    only for an address that is the hub's own (a channel instance's replica)."""
     endpoint = parse_endpoint(req.addr)
     public = parse_endpoint(req.public_endpoint) if req.public_endpoint else None
     reachable = public or endpoint
     refused = refusal(endpoint, public, req.allow_loopback)
     if refused is not None:
         raise refused.error()
+    if judged:
+        field = "public_endpoint" if public is not None else "addr"
+        _judge_address(reachable, field, network or policy.network, resolver)
 
     declaration = _declaration(req)
     conn = session.connection()
@@ -216,6 +230,38 @@ def register(
         endpoint=row.public_endpoint or row.endpoint,
         heartbeat_interval=row.heartbeat_interval,
         created=created,
+    )
+
+
+def _judge_address(reachable: Endpoint, field: str, rule: NetworkRule, resolver: Resolve) -> None:
+    """Refuse an address the hub would not call: what its name resolves to counts, not
+    its spelling (`reach.core.networks`)."""
+    if INTERNAL_PATH in f"{reachable.path}/":
+        raise InvalidRegistration(
+            f"{field} names the hub's internal channel path {INTERNAL_PATH}", field=field
+        )
+    try:
+        _addresses, why = judge_host(reachable.host, reachable.port, rule, resolver)
+    except OSError as exc:
+        raise AddressRefused(
+            f"{field} {reachable.host!r} does not resolve ({type(exc).__name__}): the hub "
+            "judges where a name points before it calls it",
+            field=field,
+        ) from None
+    if why is None:
+        return
+    if why == "a loopback address":
+        raise LoopbackAddress(
+            f"{reachable.url} resolves to a loopback address: this hub is not a "
+            "local demo (it requires API keys or listens beyond loopback), so it calls "
+            "loopback agents only if the operator sets security.allow_loopback_agents",
+            field=field,
+        )
+    raise AddressRefused(
+        f"{reachable.url} resolves to {why}. The hub calls public addresses, and private "
+        "ones in the networks the operator declares (security.agent_networks); "
+        "link-local addresses never",
+        field=field,
     )
 
 

@@ -461,14 +461,31 @@ class SecuritySettings(_Section):
     auth_failures_max: int = Field(
         30, ge=1, le=100_000, description="failed authentications that lock an address out"
     )
-    auth_failures_window_s: float = Field(
+    auth_failures_window_s: Seconds = Field(
         60.0, gt=0, le=86400, description="the window auth_failures_max is counted over"
     )
     # secrets at rest (reach.hub.sealing): unset, <storage.home>/seal.key (made on first use)
     seal_key: SecretStr | None = Field(
         None, description="base64url of 32 bytes; every hub process needs the same one"
     )
+    allow_loopback_agents: bool = Field(
+        False,
+        description="loopback agent addresses allowed on a hub that is not a local demo "
+        "(loopback bind with auth off allows them anyway)",
+    )
+    agent_networks: list[str] = Field(
+        default_factory=list,
+        description="CIDRs of private networks agents may live in (the hub probes and "
+        "calls them); link-local is never called. Environment: a JSON list",
+    )
     tls: TlsSettings = TlsSettings()
+
+    @field_validator("agent_networks")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        from reach.core.networks import parse_networks
+
+        return [str(n) for n in parse_networks(value)]
 
 
 class RegistrySettings(_Section):
@@ -538,7 +555,7 @@ class CallbackSettings(_Section):
     the caller's URL (``reach.hub.callbacks``), at least once, then dead-letters it."""
 
     allow_private: bool = Field(
-        False, description="allow loopback, private and link-local callback URLs (SSRF)"
+        False, description="allow loopback and private callback URLs (link-local: never)"
     )
     max_retries: int = Field(
         8, ge=0, le=100, description="failed POSTs retried this often before the dead letter"

@@ -49,6 +49,7 @@ from cachetools import LRUCache
 from pydantic import ValidationError
 
 from reach.core.endpoints import parse_endpoint, refusal
+from reach.core.names import name_refusal
 from reach.core.sessions import CLOSED_SESSIONS_HEADER, parse_closed
 from reach.errors import (
     HubUnavailable,
@@ -268,6 +269,10 @@ class Agent:
         """Register ``fn(task_id, payload)`` as the handler of ``method``: a plain function
         (run on a thread) or an ``async def`` (run on an event loop). Its value must be
         JSON; see ``reach.sdk.running`` for what a long one is answered."""
+
+        why = name_refusal(method)
+        if why is not None:  # the hub would never deliver to it: say so now
+            raise ValueError(why)
 
         def decorator(fn: Handler) -> Handler:
             if method in self._routes:

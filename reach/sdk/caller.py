@@ -31,12 +31,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from reach.core.names import name_refusal
 from reach.core.statuses import TERMINAL, TaskStatus
 from reach.errors import (
     ApprovalExpired,
     ApprovalRejected,
     BusinessError,
     DeadLettered,
+    InvalidTaskRequest,
     ReachError,
     ResultTimeout,
     SessionClosed,
@@ -185,6 +187,7 @@ def send_call(
 ) -> Call:
     """The submit of `send`. Inside a handler it carries the handler's trace one hop on
     and its session: build it in the context (thread or asyncio task) that sends it."""
+    _check_method(method)
     body: dict[str, Any] = {
         "method": method,
         "payload": payload or {},
@@ -205,6 +208,13 @@ def send_call(
     # the first intent a hub process matches may wait for its model to load (seconds)
     read_timeout = SEMANTIC_READ_TIMEOUT if intent is not None else 10.0
     return Call("POST", "/v1/tasks", _present(body), _SUBMITTED, read_timeout)
+
+
+def _check_method(method: str | None) -> None:
+    """A method is a name, not a path (`reach.core.names`): refused here, before it is
+    sent, as the hub would refuse it."""
+    if isinstance(method, str) and (why := name_refusal(method)) is not None:
+        raise InvalidTaskRequest(why, field="method")
 
 
 def submission_of(answer: dict[str, Any]) -> Submission:
@@ -516,6 +526,7 @@ def broadcast_call(
     min_results: int | None,
     timeout: float,
 ) -> Call:
+    _check_method(method)
     body = {
         "method": method,
         "payload": payload or {},

@@ -69,7 +69,9 @@ def _build() -> Machinery:
         ctx.shared_counts,  # hub-wide breaker windows and retry budgets
         LoopGuard.of(settings.router, ctx.shared_counts).links,  # pairs reached by tags
     )
-    transport = AgentTransport(tls=HubTls.from_settings(settings), loop=LoopThread())
+    transport = AgentTransport(
+        tls=HubTls.from_settings(settings), loop=LoopThread(), network=ctx.policy.network
+    )
     exchanges = settings.exchanges
     exchanger = Exchanger(
         pipeline,

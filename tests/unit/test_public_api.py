@@ -13,6 +13,7 @@ import reach
 
 EXPECTED_ALL = [
     "ACCEPTED",
+    "AddressRefused",
     "Agent",
     "AgentTimeout",
     "AgentUnreachable",

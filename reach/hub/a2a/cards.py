@@ -29,11 +29,19 @@ from sqlalchemy.orm import Session
 from reach.core import a2a as rules
 from reach.core.endpoints import parse_endpoint, refusal
 from reach.core.health import InstanceStatus
-from reach.errors import AgentCardUnavailable, InvalidAgentCard, ReachError
+from reach.core.networks import NetworkRule
+from reach.errors import (
+    AddressRefused,
+    AgentCardUnavailable,
+    InvalidAgentCard,
+    LoopbackAddress,
+    ReachError,
+)
 from reach.hub import registry
 from reach.hub.a2a import PROTOCOL
 from reach.hub.a2a.exchange import CREDENTIAL, open_credential
 from reach.hub.monitoring import Policy
+from reach.hub.networks import judge_host
 from reach.hub.sealing import SealKey
 from reach.hub.storage.models import InstanceEventRow, InstanceRow
 from reach.schemas import AgentId, RegisterRequest, WireModel
@@ -69,7 +77,7 @@ def instance_id_of(card_url: str) -> str:
     return "a2a-" + hashlib.sha256(card_url.encode()).hexdigest()[:24]
 
 
-def _check_address(url: str, allow_loopback: bool, what: str) -> None:
+def _check_address(url: str, allow_loopback: bool, what: str, rule: NetworkRule) -> None:
     try:
         endpoint = parse_endpoint(f"{urlsplit(url).scheme}://{urlsplit(url).netloc}")
     except ValueError as exc:
@@ -77,19 +85,44 @@ def _check_address(url: str, allow_loopback: bool, what: str) -> None:
     refused = refusal(endpoint, None, allow_loopback)
     if refused is not None:
         raise refused.error()
+    try:
+        _addresses, why = judge_host(endpoint.host, endpoint.port, rule)
+    except OSError as exc:
+        raise AgentCardUnavailable(
+            f"{what} {endpoint.host!r} does not resolve ({type(exc).__name__})", card_url=url
+        ) from None
+    if why == "a loopback address":
+        raise LoopbackAddress(
+            f"{what} resolves to a loopback address: this hub calls loopback agents only as "
+            "a local demo or with security.allow_loopback_agents",
+            field="card_url",
+        )
+    if why is not None:
+        raise AddressRefused(
+            f"{what} resolves to {why} (security.agent_networks declares the private "
+            "networks the hub calls)",
+            field="card_url",
+        )
 
 
-def fetch_card(url: str, timeout: float, *, allow_loopback: bool) -> FetchedCard:
+def fetch_card(url: str, timeout: float, *, allow_loopback: bool, rule: NetworkRule) -> FetchedCard:
     """Read and check the card at ``url``; `AgentCardUnavailable` when it cannot be read,
-    `InvalidAgentCard` when it is not a card the hub can reach an agent by."""
+    `InvalidAgentCard` when it is not a card the hub can reach an agent by. Its address,
+    and that of the JSON-RPC URL it names, must be ones ``rule`` lets the hub call; a
+    redirect is not followed (it is an answer other than the card)."""
     card_url = rules.card_url_of(url)
     if urlsplit(card_url).scheme not in ("http", "https"):
         raise InvalidAgentCard(f"card URL {card_url!r} is not http(s)")
-    _check_address(card_url, allow_loopback, "card URL")
+    _check_address(card_url, allow_loopback, "card URL", rule)
     try:
         with requests.Session() as http:
             http.trust_env = False
-            resp = http.get(card_url, timeout=timeout, headers={"Accept": "application/json"})
+            resp = http.get(
+                card_url,
+                timeout=timeout,
+                headers={"Accept": "application/json"},
+                allow_redirects=False,
+            )
             raw = resp.content[: MAX_CARD_BYTES + 1]
     except requests.RequestException as exc:
         raise AgentCardUnavailable(
@@ -119,7 +152,7 @@ def fetch_card(url: str, timeout: float, *, allow_loopback: bool) -> FetchedCard
         facts = rules.card_facts(card)
     except ValueError as exc:
         raise InvalidAgentCard(f"agent card at {card_url}: {exc}", card_url=card_url) from None
-    _check_address(facts.rpc_url, allow_loopback, "the card's JSON-RPC URL")
+    _check_address(facts.rpc_url, allow_loopback, "the card's JSON-RPC URL", rule)
     return FetchedCard(card_url, card, facts, resp.headers.get("ETag"))
 
 
@@ -135,9 +168,17 @@ def register_card(
     policy: Policy,
     refresh_s: float,
     seal: SealKey | None = None,
+    network: NetworkRule | None = None,
+    refresh: bool = False,
 ) -> dict[str, Any]:
-    """Register (or refresh) the card's agent and its one A2A instance; its view. The
-    credential is stored sealed with ``seal`` (``reach.hub.sealing``)."""
+    """Register (or refresh) the card's agent and its one A2A instance; its view
+    (``network``: the rule its address is judged by; default the policy's). The
+    credential is stored sealed with ``seal`` (``reach.hub.sealing``).
+
+    A credential is bound to the origin of the JSON-RPC URL the card named when it was
+    given: a card that names another origin later (``refresh``: the beat's re-read; or
+    an admin's registration without the credential) is refused, and the credential
+    stays where it was given. Only an admin who gives the credential again moves it."""
     facts = fetched.facts
     if facts.scheme.kind != "none" and not credential:
         raise InvalidAgentCard(
@@ -146,6 +187,15 @@ def register_card(
             card_url=fetched.url,
         )
     instance_id = instance_id_of(fetched.url)
+    origin = rules.origin_of(facts.rpc_url)
+    bound = _credential_origin(session.get(InstanceRow, instance_id))
+    if bound is not None and bound != origin and (refresh or not credential):
+        raise InvalidAgentCard(
+            f"the card now names its JSON-RPC at {origin}, and the credential the hub holds "
+            f"for it is bound to {bound}: it does not follow the agent to another host. An "
+            "admin who trusts the new host registers the card again with the credential",
+            card_url=fetched.url,
+        )
     try:
         req = RegisterRequest(
             agent_id=agent_id or rules.agent_id_of(facts.name),
@@ -166,7 +216,7 @@ def register_card(
             f"the card does not make a valid registration ({where}: {first['msg']})",
             card_url=fetched.url,
         ) from None
-    answer = registry.register(session, req, now, policy)
+    answer = registry.register(session, req, now, policy, network=network)
     row = session.get(InstanceRow, instance_id, with_for_update=True)
     assert row is not None
     row.protocol = PROTOCOL
@@ -184,6 +234,8 @@ def register_card(
         row.a2a_credential = (
             seal.seal(credential, purpose=CREDENTIAL, name=instance_id) if seal else credential
         )
+    if row.a2a_credential:
+        row.a2a = {**row.a2a, "credential_origin": origin}
     if not answer.created:
         row.heartbeat_count += 1  # a card read again: the heartbeat of an A2A instance
     session.flush()
@@ -192,6 +244,17 @@ def register_card(
         "card_url": fetched.url,
         "skills": [s["id"] for s in facts.skills],
     }
+
+
+def _credential_origin(row: InstanceRow | None) -> str | None:
+    """Where the credential ``row`` holds may be presented (None: it holds none)."""
+    if row is None or not row.a2a_credential:
+        return None
+    a2a = row.a2a or {}
+    bound = a2a.get("credential_origin")
+    if bound:
+        return str(bound)
+    return rules.origin_of(str(a2a["rpc_url"])) if a2a.get("rpc_url") else None
 
 
 def due_refreshes(
@@ -232,7 +295,7 @@ def refresh_one(
     skills); a failed one is recorded once, until the card reads again."""
     instance_id, agent_id, card_url, credential, allow_loopback, slots = item
     try:
-        fetched = fetch_card(card_url, timeout, allow_loopback=allow_loopback)
+        fetched = fetch_card(card_url, timeout, allow_loopback=allow_loopback, rule=policy.network)
         with sessions.begin() as session:
             register_card(
                 session,
@@ -245,6 +308,7 @@ def refresh_one(
                 policy=policy,
                 refresh_s=refresh_s,
                 seal=seal,
+                refresh=True,
             )
         return True
     except ReachError as exc:

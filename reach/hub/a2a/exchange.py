@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reach.core import a2a as rules
 from reach.core import lifecycle
-from reach.core.answers import AgentAnswer
+from reach.core.answers import AgentAnswer, described_body
 from reach.core.lifecycle import TaskEvent
 from reach.core.retry import RetryPolicy
 from reach.core.statuses import TaskStatus
@@ -86,15 +86,18 @@ def peer_of(session: Session, instance_id: str, seal: SealKey | None = None) -> 
     if row is None or row.protocol != PROTOCOL or not row.a2a:
         return None
     scheme = row.a2a.get("scheme") or {}
+    rpc_url = str(row.a2a["rpc_url"])
+    # the credential goes only where it was given (reach.hub.a2a.cards binds it)
+    bound = row.a2a.get("credential_origin") or rules.origin_of(rpc_url)
     return Peer(
-        rpc_url=str(row.a2a["rpc_url"]),
+        rpc_url=rpc_url,
         streaming=bool(row.a2a.get("streaming")),
         scheme=rules.Scheme(
             str(scheme.get("kind", "none")),
             str(scheme.get("name", "")),
             str(scheme.get("header", "")),
         ),
-        credential=open_credential(row, seal),
+        credential=open_credential(row, seal) if rules.origin_of(rpc_url) == bound else None,
     )
 
 
@@ -274,7 +277,9 @@ def _apply(
     error = {
         "kind": answer.error_kind,
         "http_status": answer.status,
-        "message": (answer.error or verdict.message or str(answer.body))[:2000],
+        "message": (answer.error or verdict.message or described_body(answer.status, answer.body))[
+            :2000
+        ],
         "instance_id": item.instance_id,
     }
     failed = session.scalar(

@@ -14,8 +14,9 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from reach.core import paging
-from reach.core.auth import Action, Principal, auth_required
+from reach.core.auth import Action, Principal, auth_required, is_loopback_host
 from reach.core.health import InstanceStatus
+from reach.core.networks import NetworkRule
 from reach.hub import admission, approvals, loops, metrics, monitoring, registry, sessions, signing
 from reach.hub.api import links
 from reach.hub.api.admission import MemoryAdmissionMiddleware
@@ -41,6 +42,7 @@ from reach.hub.api.routes.tasks import Intake, dead_letter_router, task_router
 from reach.hub.api.ui.router import install_ui
 from reach.hub.context import HubContext
 from reach.hub.memory import MemoryGauge
+from reach.hub.monitoring import agent_rule
 from reach.hub.streams import StreamHub
 from reach.hub.wakeups import Waiters
 from reach.schemas import (
@@ -67,14 +69,22 @@ class Surface(StrEnum):
 
 
 def create_app(
-    ctx: HubContext, surface: Surface = Surface.ALL, *, require_auth: bool | None = None
+    ctx: HubContext,
+    surface: Surface = Surface.ALL,
+    *,
+    require_auth: bool | None = None,
+    bind_host: str | None = None,
 ) -> FastAPI:
     """The API, with authentication required or not: ``require_auth`` as resolved by
     whoever knows the bind address (``reach api``), else from the settings against
-    ``server.host`` (`reach.core.auth.auth_required`)."""
+    ``server.host`` (`reach.core.auth.auth_required`). ``bind_host``: where it listens,
+    if not ``server.host``: with auth off and a loopback bind it is a local demo, which
+    takes loopback and private agent addresses (`reach.core.networks`)."""
+    security, server = ctx.settings.security, ctx.settings.server
     if require_auth is None:
-        security, server = ctx.settings.security, ctx.settings.server
-        require_auth = auth_required(security.require_auth, server.host)
+        require_auth = auth_required(security.require_auth, bind_host or server.host)
+    demo = not require_auth and is_loopback_host(bind_host or server.host)
+    network = agent_rule(ctx.settings, demo)
     waiters = Waiters()
     stream_hub = StreamHub(ctx, waiters)  # progress streams share one feed per task
 
@@ -117,7 +127,7 @@ def create_app(
     app.include_router(_jwks_router(ctx))  # every surface: agents verify with these keys
     if surface in (Surface.ALL, Surface.PUBLIC):
         intake = Intake(ctx)  # one per app: the task and A2A routes share its callers' lane
-        app.include_router(_agent_router(ctx))
+        app.include_router(_agent_router(ctx, network))
         app.include_router(channel_router(ctx, require_auth))  # agents behind NAT
         app.include_router(task_router(ctx, intake, waiters))
         app.include_router(match_router(ctx))  # semantic capability matching
@@ -131,7 +141,7 @@ def create_app(
         app.include_router(dead_letter_router(ctx))
         app.include_router(dag_router(ctx))
         app.include_router(dag_stream_router(ctx, stream_hub))
-        app.include_router(agents_admin_router(ctx))
+        app.include_router(agents_admin_router(ctx, network))
         app.include_router(audit_router(ctx))
         app.include_router(approval_router(ctx))
         app.include_router(listing_router(ctx))  # the operator's lists (tasks, runs, alerts)
@@ -167,7 +177,7 @@ def _jwks_router(ctx: HubContext) -> APIRouter:
     return router
 
 
-def _agent_router(ctx: HubContext) -> APIRouter:
+def _agent_router(ctx: HubContext, network: NetworkRule) -> APIRouter:
     router = APIRouter(prefix="/v1/agents", tags=["agents (agent-facing)"])
 
     @router.post(
@@ -179,7 +189,9 @@ def _agent_router(ctx: HubContext) -> APIRouter:
         demand_agent(request, principal, body.agent_id, Action.ACT_AS_AGENT)
         limits, now, owner = ctx.registry_limits, ctx.clock.now, principal.key_id
         result = ctx.write(
-            lambda s: registry.register(s, body, now(), ctx.policy, limits, owner=owner)
+            lambda s: registry.register(
+                s, body, now(), ctx.policy, limits, owner=owner, network=network
+            )
         )
         # the capability vectors, computed apart (the registration never waits for a model)
         ctx.matcher.registered(body.agent_id, bool(body.capabilities))

@@ -43,6 +43,7 @@ from prometheus_client import Counter
 from reach.core import a2a as a2a_rules
 from reach.core.answers import AgentAnswer
 from reach.core.channel import redacted
+from reach.core.networks import NetworkRule
 from reach.errors import HubUnavailable
 from reach.hub import breakers as breaker_store
 from reach.hub import sessions as user_sessions
@@ -139,7 +140,8 @@ class Exchanger:
             exchanged = await self._at_instance(d, progress, started)
         except Exception as exc:  # a transport's bug must not lose the attempt: transient
             log.exception("exchange of %s#%d failed", d.task_id, d.attempt_seq)
-            exchanged = Exchanged(AgentAnswer(None, None, f"{type(exc).__name__}: {exc}"))
+            # its kind only: an exception's text may name the agent's address and port
+            exchanged = Exchanged(AgentAnswer(None, None, f"unreachable: {type(exc).__name__}"))
         elapsed = time.perf_counter() - started
         if exchanged is CANCELLED:  # ended before it was sent: nothing to record
             self._ended(d)
@@ -203,10 +205,12 @@ class Exchanger:
         connect_timeout: float,
         timeout: float,
         then: Callable[[AgentAnswer], object],
+        rule: NetworkRule | None = None,
     ) -> None:
         """POST ``body`` from the loop, then call ``then(answer)`` on a recorder thread; a
         place among ``max_in_flight`` is held meanwhile. Nothing here keeps it
-        at-least-once: the caller's own claim in the store does (a callback's lease)."""
+        at-least-once: the caller's own claim in the store does (a callback's lease).
+        ``rule``: the addresses this POST may go to (a callback's), judged as it connects."""
         self._places.acquire()
         EXCHANGES_TOTAL.labels("started").inc()
 
@@ -214,7 +218,7 @@ class Exchanger:
             loop = asyncio.get_running_loop()
             try:
                 answer = await self.transport.http.post(
-                    url, body, connect_timeout, timeout, headers
+                    url, body, connect_timeout, timeout, headers, rule=rule
                 )
                 await loop.run_in_executor(self._recorder, then, answer)
             except Exception:  # the caller's claim lapses and its net takes it again

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from reach.core import a2a as a2a_rules
 from reach.core import lifecycle
-from reach.core.answers import AgentAnswer
+from reach.core.answers import AgentAnswer, declared_message, described_body
 from reach.core.channel import redacted
 from reach.core.lifecycle import TaskEvent
 from reach.core.retry import Outcome, backoff_delay, business_message
@@ -67,7 +67,7 @@ def record_outcome(
         raw_code = body.get("code")
         code = raw_code if isinstance(raw_code, int) and not isinstance(raw_code, bool) else None
         code = answer.status if code is None else code
-        message = str(body.get("message") or answer.body)
+        message = declared_message(body) or described_body(answer.status, answer.body)
         error = {
             "kind": "business",
             "code": code,
@@ -124,7 +124,9 @@ def record_outcome(
     error = {
         "kind": answer.error_kind,
         "http_status": answer.status,
-        "message": redacted(answer.error or str(answer.body))[:2000],  # it quotes the URL
+        "message": redacted(  # an error may quote the URL
+            answer.error or declared_message(body) or described_body(answer.status, answer.body)
+        )[:2000],
         "instance_id": d.instance_id,
     }
     if breaker_store.open_until(session, d.instance_id, now) is not None:

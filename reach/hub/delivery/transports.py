@@ -24,7 +24,9 @@ and httpx's async client 11 ms. Foreign exceptions stop here: callers get
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
+import socket
 import ssl
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine
@@ -37,10 +39,12 @@ import aiohttp
 from reach.core import a2a as a2a_rules
 from reach.core.answers import AgentAnswer
 from reach.core.channel import INTERNAL_PATH
+from reach.core.networks import NetworkRule
 from reach.core.trust import identity_name, mtls_refusal
 from reach.hub.a2a import PROTOCOL as PROTOCOL_A2A
 from reach.hub.a2a.exchange import Peer, envelope_of
 from reach.hub.delivery.loop import LoopThread
+from reach.hub.networks import AddressRefusedError, GuardedResolver, literal_refusal
 from reach.hub.settings import Settings
 from reach.sdk.stream import parse_sse
 
@@ -100,24 +104,39 @@ def _not_json(name: str) -> Any:
 
 
 class AgentHttp:
-    """HTTP to agents on aiohttp: a session (connection pool) per event loop, one deadline
-    for the whole exchange, a capped body, no redirects, no proxies from the environment."""
+    """HTTP to agents on aiohttp: a session (connection pool) per event loop and network
+    rule, one deadline for the whole exchange, a capped body, no redirects, no proxies
+    from the environment.
 
-    def __init__(self, max_body_bytes: int = MAX_ANSWER_BYTES, tls: HubTls | None = None) -> None:
+    ``network``: the addresses agents may be called at (`reach.core.networks`), judged
+    as each connection is made (`reach.hub.networks.GuardedResolver`); None: any (tools
+    and tests; the worker always passes the hub's rule). A POST may name another rule
+    (a callback's) or none (the hub's own replicas, for the channel)."""
+
+    def __init__(
+        self,
+        max_body_bytes: int = MAX_ANSWER_BYTES,
+        tls: HubTls | None = None,
+        network: NetworkRule | None = None,
+    ) -> None:
         self.max_body_bytes = max_body_bytes
         self.tls = tls
-        self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
+        self.network = network
+        self._sessions: dict[
+            tuple[asyncio.AbstractEventLoop, NetworkRule | None], aiohttp.ClientSession
+        ] = {}
         self._verify: ssl.SSLContext | None = None
         self._mtls: ssl.SSLContext | None = None
 
-    def _session(self) -> aiohttp.ClientSession:
+    def _session(self, rule: NetworkRule | None) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
-        session = self._sessions.get(loop)
+        session = self._sessions.get((loop, rule))
         if session is None or session.closed:
             connector = aiohttp.TCPConnector(
                 limit=0,  # the exchanger bounds what is in flight, not the pool
                 ttl_dns_cache=10,
                 enable_cleanup_closed=True,
+                resolver=GuardedResolver(rule) if rule is not None else None,
             )
             session = aiohttp.ClientSession(
                 connector=connector,
@@ -125,8 +144,11 @@ class AgentHttp:
                 auto_decompress=True,
                 skip_auto_headers=("User-Agent",),
             )
-            self._sessions[loop] = session
+            self._sessions[(loop, rule)] = session
         return session
+
+    def _rule(self, rule: NetworkRule | None, unguarded: bool) -> NetworkRule | None:
+        return None if unguarded else rule or self.network
 
     def verify_context(self) -> ssl.SSLContext | bool:
         """https to L2/L3 agents: the system's roots, or the hub CA if one was given."""
@@ -162,6 +184,8 @@ class AgentHttp:
         *,
         ssl_context: ssl.SSLContext | bool | None = None,
         identity: str | None = None,
+        rule: NetworkRule | None = None,
+        unguarded: bool = False,
     ) -> AgentAnswer:
         """POST one JSON body (or bytes already encoded: a signed body); the whole
         exchange ends by ``connect + timeout`` seconds.
@@ -169,11 +193,16 @@ class AgentHttp:
         A per-read timeout would let an agent that trickles a byte a second outlive the
         attempt's lease and be delivered twice: one deadline covers it all. ``identity``:
         the name the server's certificate must carry (mTLS), whatever the URL's host; a
-        certificate that fails that check is a ``refused`` answer, nothing sent."""
+        certificate that fails that check is a ``refused`` answer, nothing sent.
+        ``rule``: the network rule of this call (default: agents'); ``unguarded``: none
+        (the hub's own replica)."""
         total = connect_timeout + timeout
+        guard = self._rule(rule, unguarded)
+        if guard is not None and (why := literal_refusal(url, guard)) is not None:
+            return AgentAnswer(None, None, f"address refused: {why}")
         try:
             async with asyncio.timeout(total):
-                async with self._session().post(
+                async with self._session(guard).post(
                     url,
                     data=body if isinstance(body, bytes) else json.dumps(body),
                     headers={"Content-Type": "application/json", **(headers or {})},
@@ -265,9 +294,12 @@ class AgentHttp:
         stream that ends (or breaks, or runs out of time) answers ``AgentAnswer(200,
         None)`` with ``error`` saying why it stopped early, if it did."""
         total = connect_timeout + timeout
+        guard = self._rule(None, False)
+        if guard is not None and (why := literal_refusal(url, guard)) is not None:
+            return AgentAnswer(None, None, f"address refused: {why}")
         try:
             async with asyncio.timeout(total):
-                async with self._session().post(
+                async with self._session(guard).post(
                     url,
                     data=json.dumps(body),
                     headers={
@@ -314,17 +346,60 @@ class AgentHttp:
     async def close_all(self) -> None:
         """Close every session of this loop (its connections with it)."""
         loop = asyncio.get_running_loop()
-        for owner, session in list(self._sessions.items()):
-            if owner is loop:
-                del self._sessions[owner]
+        for key, session in list(self._sessions.items()):
+            if key[0] is loop:
+                del self._sessions[key]
                 await session.close()
 
 
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and every exception under it (args, cause, context), each once."""
+    seen: set[int] = set()
+    found: list[BaseException] = []
+    todo: list[object] = [exc]
+    while todo:
+        item = todo.pop()
+        if not isinstance(item, BaseException) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        found.append(item)
+        todo.extend((*item.args, item.__cause__, item.__context__))
+    return found
+
+
 def _described(exc: BaseException) -> str:
-    text = str(exc) or repr(exc)
-    if isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
-        return f"timed out: {text}"
-    return f"{type(exc).__name__}: {text}"
+    """What an exchange that got no answer is recorded as (the task's error, its events,
+    the dead letter): the kind of failure, never the exception's own text. That text names
+    the address and port it failed on, and whoever reads task errors could tell which
+    ports of a host refuse, reset or keep silent: a port scanner (issue 37). A timeout
+    says ``timed out`` (`AgentAnswer.error_kind` reads it)."""
+    chain = _chain(exc)
+
+    def has(*kinds: type[BaseException]) -> bool:
+        return any(isinstance(e, kinds) for e in chain)
+
+    refused = next((e for e in chain if isinstance(e, AddressRefusedError)), None)
+    if refused is not None:  # the network rule: nothing was connected
+        return str(refused)
+    if has(TimeoutError, aiohttp.ServerTimeoutError):
+        return "timed out: the agent did not answer in time"
+    if has(aiohttp.ClientConnectorDNSError, socket.gaierror):
+        return "unreachable: the agent's host name does not resolve"
+    if has(ssl.SSLError, ssl.CertificateError, aiohttp.ClientSSLError):
+        # OpenSSL's reason (CERTIFICATE_VERIFY_FAILED ...) names no host; its text may
+        reasons = [str(r) for e in chain if isinstance(r := getattr(e, "reason", None), str)]
+        return "unreachable: the TLS handshake failed" + (f" ({reasons[0]})" if reasons else "")
+    if has(ConnectionRefusedError) or any(
+        isinstance(e, OSError) and e.errno == errno.ECONNREFUSED for e in chain
+    ):
+        return "unreachable: connection refused"
+    if has(ConnectionResetError, BrokenPipeError, aiohttp.ServerDisconnectedError):
+        return "unreachable: the connection was closed before the answer"
+    if has(aiohttp.ClientPayloadError):
+        return "unreachable: the answer broke off"
+    if has(aiohttp.ClientConnectorError, OSError):
+        return "unreachable: no connection to the agent"
+    return f"unreachable: {type(exc).__name__}"
 
 
 def _verification_failed(exc: BaseException) -> bool:
@@ -364,7 +439,14 @@ class ChannelTransport(HttpTransport):
     (its endpoint names that replica and a per-socket secret), which forwards it as a
     ``deliver`` frame and answers with the agent's ``result`` frame. A replica that lost
     the socket answers 503: transient, and the retry finds the new holder. The wire is
-    HTTP's; the secret in the URL is redacted wherever an error quotes it."""
+    HTTP's; the secret in the URL is redacted wherever an error quotes it. The replica
+    is the hub's own, not an address an agent chose: no network rule applies."""
+
+    async def exchange(self, d: Dispatch, progress: ProgressSink) -> Exchanged:
+        answer = await self.http.post(
+            d.url, d.body, d.connect_timeout, d.timeout, d.headers, unguarded=True
+        )
+        return Exchanged(answer)
 
 
 class MtlsTransport:
@@ -468,9 +550,11 @@ class AgentTransport:
         max_body_bytes: int = MAX_ANSWER_BYTES,
         tls: HubTls | None = None,
         loop: LoopThread | None = None,
+        network: NetworkRule | None = None,
     ) -> None:
-        """``tls``: the hub's certificates, needed to reach L1 agents (None: none can be)."""
-        self.http = AgentHttp(max_body_bytes, tls)
+        """``tls``: the hub's certificates, needed to reach L1 agents (None: none can be);
+        ``network``: the addresses agents may be called at (None: any; see `AgentHttp`)."""
+        self.http = AgentHttp(max_body_bytes, tls, network)
         self.loop = loop or LoopThread("reach-agent-http")
         # its connections are closed on its loop when it goes (or the process exits)
         weakref.finalize(self, _close, self.http, self.loop, loop is None)

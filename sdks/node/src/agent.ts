@@ -34,6 +34,7 @@ import { AgentChannel } from "./channel.js";
 import { type Answer, IdempotencyGuard, DEFAULT_MAX_BYTES, DEFAULT_TTL_MS } from "./dedup.js";
 import { BusinessError, HubUnavailable, InvalidRegistration, StaleReport, UnknownInstance } from "./errors.js";
 import { HubClient, resolveApiKey } from "./http.js";
+import { nameRefusal } from "./names.js";
 import {
   DEFAULT_ACCEPT_AFTER_MS,
   DEFAULT_BUDGET_MS,
@@ -297,6 +298,8 @@ export class Agent {
   // -- handlers -------------------------------------------------------------------------
   /** Register `handler(taskId, payload, delivery)` for `method`; it may be async. */
   route(method: string, handler: Handler): this {
+    const why = nameRefusal(method);
+    if (why !== null) throw new Error(why); // the hub would never deliver to it: say so now
     if (this.routes.has(method)) throw new Error(`method '${method}' already has a handler`);
     this.routes.set(method, handler);
     return this;

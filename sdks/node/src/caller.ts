@@ -20,11 +20,13 @@ import {
   ApprovalRejected,
   BusinessError,
   DeadLettered,
+  InvalidTaskRequest,
   ReachError,
   ResultTimeout,
   SessionClosed,
 } from "./errors.js";
 import { HubClient } from "./http.js";
+import { nameRefusal } from "./names.js";
 import type { BroadcastRequest, CloseSession, OpenSession, ProgressReport, ResultReport, SubmitRequest, TraceContext } from "./wire.js";
 
 /** The statuses a task ends in. */
@@ -107,12 +109,20 @@ function client(opts: CallOptions, timeoutMs = 10_000): HubClient {
   return new HubClient(o);
 }
 
+/** A method is a name, not a path: refused here, before it is sent, as the hub would. */
+function checkMethod(method: string | null | undefined): void {
+  if (typeof method !== "string") return;
+  const why = nameRefusal(method);
+  if (why !== null) throw new InvalidTaskRequest(why, { status: 422, extra: { field: "method" } });
+}
+
 function defined<T extends object>(body: T): T {
   return Object.fromEntries(Object.entries(body).filter(([, v]) => v !== undefined && v !== null)) as T;
 }
 
 /** Submit one task; idempotent on `taskId` (resubmitting returns the same task). */
 export async function send(opts: SendOptions): Promise<Submission> {
+  checkMethod(opts.method);
   const body: SubmitRequest = defined({
     method: opts.method,
     payload: opts.payload ?? {},
@@ -291,6 +301,7 @@ interface BroadcastView {
  * or `timeoutMs` passed; each target's status is in `results`.
  */
 export async function broadcast(opts: BroadcastOptions): Promise<BroadcastResult> {
+  checkMethod(opts.method);
   const timeoutMs = opts.timeoutMs ?? 30_000;
   const body: BroadcastRequest = defined({
     method: opts.method,

@@ -108,6 +108,14 @@ export class LoopbackAddress extends RegistryError {
   static override readonly title: string = "Loopback address refused";
 }
 
+/** The address resolves where the hub never calls (link-local, private outside the
+ * declared networks, reserved), or does not resolve at all. */
+export class AddressRefused extends RegistryError {
+  static override readonly slug: string = "address-refused";
+  static override readonly defaultStatus: number = 422;
+  static override readonly title: string = "Address refused";
+}
+
 /** The agent or instance is already registered with different data. */
 export class RegistrationConflict extends RegistryError {
   static override readonly slug: string = "registration-conflict";
@@ -508,6 +516,7 @@ export const ERROR_CLASSES: readonly (typeof ReachError)[] = [
   RegistryError,
   InvalidRegistration,
   LoopbackAddress,
+  AddressRefused,
   RegistrationConflict,
   RegistryLimit,
   UnknownInstance,

@@ -245,3 +245,11 @@ test("agent.fetch (Hono-style) and agent.handler() with a pre-parsed body serve 
   assert.equal(refused.status, 401);
   assert.equal(ran, false);
 });
+
+test("a route whose method is a path is refused: the hub would never deliver to it (issue 37)", () => {
+  const agent = new Agent({ agentId: "a", addr: "http://10.0.0.5:7001" });
+  for (const method of ["x/../../p", "../admin", "a/./b", "a//b"]) {
+    assert.throws(() => agent.route(method, () => ({})), /not a name/);
+  }
+  agent.route("doc/summarise:v2", () => ({})); // a name with parts is fine
+});

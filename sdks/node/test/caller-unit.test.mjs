@@ -20,6 +20,7 @@ import {
   HubOverloaded,
   HubUnavailable,
   InvalidPayload,
+  InvalidTaskRequest,
   LoopDetected,
   NoSuitableAgent,
   ProtocolError,
@@ -31,6 +32,8 @@ import {
   StreamEvent,
   TaskConflict,
   IllegalTransition,
+  broadcast,
+  send,
   Unauthenticated,
   errorForProblem,
   outcome,
@@ -287,6 +290,21 @@ describe("the HTTP client's edge (a real local server)", () => {
     assert.equal(redact(`x ${KEY} y`, KEY), "x rk_abc123_… y");
     assert.ok(!String(new HubClient({ hub: url, apiKey: KEY })).includes(KEY));
   });
+});
+
+test("a method that is a path is refused before anything is sent (issue 37)", async () => {
+  const srv = createServer();
+  await new Promise((r) => srv.listen(0, "127.0.0.1", r));
+  const nobody = `http://127.0.0.1:${srv.address().port}`;
+  await new Promise((r) => srv.close(r)); // a request would be HubUnavailable
+  for (const method of ["x/../../p", "../admin", "a/./b", "a//b"]) {
+    const sent = await send({ agentId: "a", method, hub: nobody }).catch((e) => e);
+    assert.ok(sent instanceof InvalidTaskRequest, `${method}: ${sent}`);
+    assert.match(sent.message, /not a name/);
+    assert.equal(sent.extra.field, "method");
+    const cast = await broadcast({ capability: "c", method, hub: nobody }).catch((e) => e);
+    assert.ok(cast instanceof InvalidTaskRequest, `${method}: ${cast}`);
+  }
 });
 
 test("ResultTimeout and LoopDetected are ReachErrors with their slugs", () => {

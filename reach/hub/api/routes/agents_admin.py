@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from reach.core.auth import Action, Principal
+from reach.core.networks import NetworkRule
 from reach.core.trust import TrustLevel
 from reach.hub import admission, audit, trust
 from reach.hub.a2a import cards
@@ -72,7 +73,7 @@ class AllowRule(BaseModel):
         return self.call if self.call is not None else str(self.callable_by)
 
 
-def agents_admin_router(ctx: HubContext) -> APIRouter:
+def agents_admin_router(ctx: HubContext, network: NetworkRule) -> APIRouter:
     router = APIRouter(prefix="/api/v1/agents", tags=["admin"])
 
     @router.post("/a2a", status_code=201, responses={409: {}, 422: {}, 502: {}})
@@ -82,7 +83,11 @@ def agents_admin_router(ctx: HubContext) -> APIRouter:
         ``a2a.card_refresh_s`` and reaches the agent over JSON-RPC (audited)."""
         a2a = ctx.settings.a2a
         fetched = await run_in_threadpool(
-            cards.fetch_card, body.card_url, a2a.card_timeout_s, allow_loopback=body.allow_loopback
+            cards.fetch_card,
+            body.card_url,
+            a2a.card_timeout_s,
+            allow_loopback=body.allow_loopback,
+            rule=network,
         )
 
         def work(session: Session) -> dict[str, Any]:
@@ -98,6 +103,7 @@ def agents_admin_router(ctx: HubContext) -> APIRouter:
                 policy=ctx.policy,
                 refresh_s=a2a.card_refresh_s,
                 seal=ctx.seal,
+                network=network,
             )
             audit.record(
                 session,
