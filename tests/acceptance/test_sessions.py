@@ -157,7 +157,13 @@ def test_close_cancels_queued_and_tells_in_flight(
     assert finished["result"] == {"stopped": True}  # not killed: it stopped on its own
 
     for task_id in queued:
-        task = _task(stack, keys.caller, task_id)
+        # one waiting in the hub for the agent's place is looked at again when the place
+        # frees (the held task's end), a moment after that end is recorded
+        task = wait_until(
+            lambda t=task_id: (v := _task(stack, keys.caller, t))["status"] != "dispatching" and v,
+            20,
+            what=f"{task_id} looked at again",
+        )
         assert task["status"] == "cancelled"
         assert task["error"]["kind"] == "session_closed" and task["error"]["session_id"] == sid
         assert "session_closed" in _kinds(stack, keys.caller, task_id)
