@@ -159,7 +159,7 @@ def test_list_shows_the_parked_task_and_approve_delivers_it_once(
     decided = shown(shared_stack, keys.approver, approval_id)
     assert decided["status"] == "approved"
     assert decided["decided_by"] == f"key:{keys.approver.key_id}"
-    assert decided["decided_name"] == "Al"
+    assert decided["decided_name"] == "alice"  # the key's name, not --name
     assert approval_id not in {a["approval_id"] for a in listed(shared_stack, keys.approver)}
     everything = listed(shared_stack, keys.approver, "--all")
     assert approval_id in {a["approval_id"] for a in everything}
