@@ -180,6 +180,7 @@ def register(
     now: float,
     policy: Policy,
     limits: registry.Limits = registry.DEFAULT_LIMITS,
+    owner: str | None = None,
 ) -> RegisterResponse:
     """Register (or refresh) a channel instance at ``endpoint``; the prober leaves it be.
 
@@ -218,7 +219,7 @@ def register(
             row.breaker_open_until = None
             row.consecutive_failure_count = 0
         row.breaker_opened_at = now  # evidence from before this socket opens nothing
-    answer = registry.register(session, req, now, policy, limits)
+    answer = registry.register(session, req, now, policy, limits, owner=owner)
     row = session.get(InstanceRow, req.instance_id)
     if row is not None:
         row.next_probe_at = NEVER_PROBE

@@ -19,7 +19,7 @@ from reach.core.health import InstanceStatus
 from reach.hub import admission, approvals, loops, metrics, monitoring, registry, sessions, signing
 from reach.hub.api import links
 from reach.hub.api.admission import MemoryAdmissionMiddleware
-from reach.hub.api.auth import AuthMiddleware, demand_agent, require
+from reach.hub.api.auth import AuthMiddleware, check_declarable, demand_agent, require
 from reach.hub.api.problems import BodyLimitMiddleware, install_problem_handlers
 from reach.hub.api.routes.a2a import a2a_router
 from reach.hub.api.routes.agents_admin import agents_admin_router
@@ -163,6 +163,7 @@ def _agent_router(ctx: HubContext) -> APIRouter:
     )
     def register(body: RegisterRequest, request: Request, principal: ActsAsAgent) -> JSONResponse:
         demand_agent(request, principal, body.agent_id, Action.ACT_AS_AGENT)
+        check_declarable(principal, body)
         limits, now, owner = ctx.registry_limits, ctx.clock.now, principal.key_id
         result = ctx.write(
             lambda s: registry.register(s, body, now(), ctx.policy, limits, owner=owner)
