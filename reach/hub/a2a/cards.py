@@ -33,7 +33,7 @@ from reach.errors import AgentCardUnavailable, InvalidAgentCard, ReachError
 from reach.hub import registry
 from reach.hub.a2a import PROTOCOL
 from reach.hub.monitoring import Policy
-from reach.hub.storage.models import InstanceEventRow, InstanceRow
+from reach.hub.storage.models import AgentRow, InstanceEventRow, InstanceRow
 from reach.schemas import AgentId, RegisterRequest, WireModel
 
 log = logging.getLogger("reach.hub.a2a")
@@ -132,8 +132,15 @@ def register_card(
     now: float,
     policy: Policy,
     refresh_s: float,
+    refresh: bool = False,
 ) -> dict[str, Any]:
-    """Register (or refresh) the card's agent and its one A2A instance; its view."""
+    """Register (or refresh) the card's agent and its one A2A instance; its view.
+
+    A ``refresh`` (the beat reading the card again, no admin involved) may narrow what
+    the agent declares but not widen it: a card that now names a skill or tag the agent
+    was not registered with is refused (`InvalidAgentCard`, recorded as the card's error
+    with an alert), and the registration stays as the admin made it until an admin
+    registers the card again (issue 37: no squatting through a card's refresh)."""
     facts = fetched.facts
     if facts.scheme.kind != "none" and not credential:
         raise InvalidAgentCard(
@@ -162,6 +169,8 @@ def register_card(
             f"the card does not make a valid registration ({where}: {first['msg']})",
             card_url=fetched.url,
         ) from None
+    if refresh:
+        _check_no_new_declarations(session, req, fetched.url)
     answer = registry.register(session, req, now, policy)
     row = session.get(InstanceRow, instance_id, with_for_update=True)
     assert row is not None
@@ -186,6 +195,21 @@ def register_card(
         "card_url": fetched.url,
         "skills": [s["id"] for s in facts.skills],
     }
+
+
+def _check_no_new_declarations(session: Session, req: RegisterRequest, card_url: str) -> None:
+    agent = session.get(AgentRow, req.agent_id)
+    if agent is None:
+        return
+    known = {c["type"] for c in agent.capabilities} | {f"tag:{t}" for t in agent.tags}
+    now_declared = {c.type for c in req.capabilities} | {f"tag:{t}" for t in req.tags}
+    added = sorted(now_declared - known)
+    if added:
+        raise InvalidAgentCard(
+            f"the card now declares {', '.join(added)}, which its registration does not: "
+            "not applied until an admin registers the card again (POST /api/v1/agents/a2a)",
+            card_url=card_url,
+        )
 
 
 def due_refreshes(session: Session) -> list[tuple[str, str, str, str | None, bool, int]]:
@@ -235,6 +259,7 @@ def refresh_one(
                 now=now(),
                 policy=policy,
                 refresh_s=refresh_s,
+                refresh=True,
             )
         return True
     except ReachError as exc:
