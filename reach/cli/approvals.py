@@ -34,7 +34,7 @@ BAD_INPUT = 2
 IdArgument = Annotated[str, typer.Argument(help="The approval's id (see `reach approvals list`)")]
 NameOption = Annotated[
     str | None,
-    typer.Option("--name", help="Your display name, recorded beside the key's identity"),
+    typer.Option("--name", help="Ignored (old scripts): the hub records your key's own name"),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON")]
 

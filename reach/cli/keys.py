@@ -103,6 +103,20 @@ def create(
         float | None, typer.Option("--expires-in", help="Days until the key expires")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
+    capability: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--capability",
+            help="An agent key's agents may declare only capabilities matching these "
+            "patterns (repeat; none given: any)",
+        ),
+    ] = None,
+    tag: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--tag", help="...and only tags matching these patterns (repeat; none given: any)"
+        ),
+    ] = None,
 ) -> None:
     """Create an API key; its secret is printed once, on the last line."""
     from reach.hub import apikeys, audit
@@ -113,6 +127,8 @@ def create(
         _die(f"--agent-id is only for --scope agent, not {scope.value}", BAD_INPUT)
     if expires_in is not None and not expires_in > 0:
         _die("--expires-in must be a positive number of days", BAD_INPUT)
+    if scope is not Scope.AGENT and (capability or tag):
+        _die("--capability and --tag are only for --scope agent", BAD_INPUT)
     now = time.time()
     try:
         with _store() as session:
@@ -123,6 +139,8 @@ def create(
                 name=name,
                 expires_in_s=expires_in * DAY_S if expires_in is not None else None,
                 now=now,
+                allowed_capabilities=sorted(set(capability)) if capability else None,
+                allowed_tags=sorted(set(tag)) if tag else None,
             )
             audit.record(
                 session,
@@ -131,7 +149,12 @@ def create(
                 outcome=audit.ALLOWED,
                 now=now,
                 target=f"key:{key.key_id}",
-                detail={"scope": key.scope.value, "agent_pattern": key.agent_pattern},
+                detail={
+                    "scope": key.scope.value,
+                    "agent_pattern": key.agent_pattern,
+                    "allowed_capabilities": capability or None,
+                    "allowed_tags": tag or None,
+                },
             )
     except ValueError as exc:  # a combination create_key refuses (too long a name ...)
         _die(str(exc), BAD_INPUT)
@@ -171,7 +194,8 @@ def list_(
 
 def keys_table(views: list[dict[str, Any]]) -> Table:
     table = Table(title="API keys")
-    for column in ("key id", "name", "scope", "agent", "created", "expires", "state"):
+    columns = ("key id", "name", "scope", "agent", "may declare", "created", "expires", "state")
+    for column in columns:
         table.add_column(column)
     style = {"active": "green", "expired": "yellow", "revoked": "bright_black"}
     for v in views:
@@ -180,11 +204,71 @@ def keys_table(views: list[dict[str, Any]]) -> Table:
             v["name"] or "-",
             v["scope"],
             v["agent_pattern"] or "-",
+            _declarable(v),
             _when(v["created_at"]),
             _when(v["expires_at"]),
             f"[{style.get(v['state'], 'white')}]{v['state']}[/]",
         )
     return table
+
+
+def _declarable(view: dict[str, Any]) -> str:
+    """An agent key's allow-lists as the table shows them ("-": not an agent key)."""
+    if view["scope"] != Scope.AGENT.value:
+        return "-"
+    caps, tags = view.get("allowed_capabilities"), view.get("allowed_tags")
+    if caps is None and tags is None:
+        return "anything"
+    return f"caps {','.join(caps) if caps is not None else '*'}; " + (
+        f"tags {','.join(tags) if tags is not None else '*'}"
+    )
+
+
+@keys_app.command("allow")
+def allow(
+    key_id: Annotated[str, typer.Argument(help="The agent key's id (see `reach keys list`)")],
+    capability: Annotated[
+        list[str] | None,
+        typer.Option("--capability", help="Capability patterns its agents may declare"),
+    ] = None,
+    tag: Annotated[
+        list[str] | None, typer.Option("--tag", help="Tag patterns its agents may declare")
+    ] = None,
+    clear: Annotated[
+        bool, typer.Option("--any", help="Lift both lists: its agents may declare anything")
+    ] = False,
+) -> None:
+    """Set what an agent key's agents may declare (the lists given replace the old ones;
+    a registration beyond them is refused with 403 until an admin allows it here)."""
+    from reach.hub import apikeys, audit
+
+    if not (capability or tag or clear):
+        _die("give --capability and/or --tag patterns, or --any", BAD_INPUT)
+    caps = ["*"] if clear else (sorted(set(capability)) if capability else None)
+    tags = ["*"] if clear else (sorted(set(tag)) if tag else None)
+    now = time.time()
+    try:
+        with _store() as session:
+            view = apikeys.set_allowed(
+                session, key_id.strip(), capabilities=caps, tags=tags, now=now
+            )
+            audit.record(
+                session,
+                actor=_actor(),
+                action="key.allow",
+                outcome=audit.ALLOWED,
+                now=now,
+                target=f"key:{key_id.strip()}",
+                detail={"allowed_capabilities": caps, "allowed_tags": tags},
+            )
+    except ValueError as exc:
+        _die(str(exc), BAD_INPUT)
+    except ReachError as exc:  # UnknownKey
+        _die(f"{type(exc).__name__}: {exc}", REFUSED)
+    print(
+        f"key {view['key_id']} may declare capabilities "
+        f"{view['allowed_capabilities'] or 'any'} and tags {view['allowed_tags'] or 'any'}"
+    )
 
 
 @keys_app.command("revoke")

@@ -23,6 +23,7 @@ __all__ = [
     "SELF_APPROVAL",
     "ApprovalStatus",
     "decision_refusal",
+    "designated",
     "needs_approval",
     "payload_hash",
 ]
@@ -59,6 +60,21 @@ def payload_hash(payload: Any) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
+def designated(
+    approvers: Iterable[tuple[str, Iterable[str]]], capability: str
+) -> frozenset[str] | None:
+    """The key names (holders) designated to decide approvals of ``capability``: those of
+    every ``approval.approvers`` pattern it matches, or None when none matches (any key
+    with the approve scope may decide)."""
+    found: set[str] = set()
+    matched = False
+    for pattern, holders in approvers:
+        if fnmatchcase(capability, pattern):
+            matched = True
+            found.update(holders)
+    return frozenset(found) if matched else None
+
+
 def decision_refusal(
     status: ApprovalStatus | str,
     expires_at: float,
@@ -68,12 +84,16 @@ def decision_refusal(
     forbid_self: bool,
     reason: str | None,
     verb: str,
+    decider_holder: str | None = None,
+    requester_holder: str | None = None,
 ) -> str | None:
     """Why ``decider_identity`` may not ``verb`` (``approve`` / ``reject``) this approval
     now, or None: already decided (`DECIDED`), past ``expires_at`` (`EXPIRED`, even when
     the sweep has not marked it yet), the requester deciding its own request while
     ``forbid_self`` (`SELF_APPROVAL`; the anonymous identity of an open hub is nobody's
-    own), or a rejection without a reason (`NO_REASON`)."""
+    own) -- by the same key, or by another key of the same holder (the keys' names:
+    ``decider_holder``, ``requester_holder``) -- or a rejection without a reason
+    (`NO_REASON`)."""
     current = ApprovalStatus(status)
     if current is ApprovalStatus.EXPIRED:
         return EXPIRED
@@ -88,6 +108,8 @@ def decision_refusal(
         and decider_identity == requester_identity
     ):
         return SELF_APPROVAL
+    if forbid_self and decider_holder and decider_holder == requester_holder:
+        return SELF_APPROVAL  # the same person's second key
     if verb == "reject" and not (reason or "").strip():
         return NO_REASON
     return None

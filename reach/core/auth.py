@@ -25,6 +25,7 @@ import hmac
 import ipaddress
 import re
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from fnmatch import fnmatchcase
@@ -75,6 +76,9 @@ class Principal:
     agent_pattern: str | None = None
     name: str = ""
     acting_agent: str | None = None  # an agent key acting as one agent it matches
+    # what its agents may declare (fnmatch patterns; None: anything): ``reach keys allow``
+    allowed_capabilities: tuple[str, ...] | None = None
+    allowed_tags: tuple[str, ...] | None = None
 
     @property
     def anonymous(self) -> bool:
@@ -104,7 +108,10 @@ class Principal:
         agent's handler), when its pattern covers it; otherwise itself, unchanged."""
         if agent_id is None or self.scope is not Scope.AGENT or not self.matches_agent(agent_id):
             return self
-        return Principal(self.scope, self.key_id, self.agent_pattern, self.name, agent_id)
+        return Principal(
+            self.scope, self.key_id, self.agent_pattern, self.name, agent_id,
+            self.allowed_capabilities, self.allowed_tags,
+        )  # fmt: skip
 
     def matches_agent(self, agent_id: str) -> bool:
         """Whether this principal may speak for ``agent_id`` (admins may for any)."""
@@ -167,6 +174,25 @@ def _same_submitter(principal: Principal, caller: str) -> bool:
         and caller.startswith("agent:")
         and principal.matches_agent(caller[len("agent:") :])
     )
+
+
+def undeclarable(
+    principal: Principal, tags: Iterable[str], capabilities: Iterable[str]
+) -> list[str]:
+    """What a registration by ``principal`` declares beyond its key's allow-lists
+    (``tag:x`` / ``capability:y``), empty when it may declare all of it. A key without a
+    list (and an admin, and an open hub) may declare anything of that kind."""
+    if principal.scope is Scope.ADMIN:
+        return []
+    beyond: list[str] = []
+    for kind, names, allowed in (
+        ("capability", capabilities, principal.allowed_capabilities),
+        ("tag", tags, principal.allowed_tags),
+    ):
+        if allowed is None:
+            continue
+        beyond += [f"{kind}:{n}" for n in names if not any(fnmatchcase(n, p) for p in allowed)]
+    return beyond
 
 
 def auth_required(setting: bool | None, bind_host: str) -> bool:

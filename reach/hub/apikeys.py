@@ -58,6 +58,8 @@ def create_key(
     name: str,
     expires_in_s: float | None,
     now: float,
+    allowed_capabilities: list[str] | None = None,
+    allowed_tags: list[str] | None = None,
 ) -> CreatedKey:
     """Store a new key and return it with its secret (shown once, never stored).
 
@@ -89,6 +91,8 @@ def create_key(
             created_at=now,
             expires_at=expires_at,
             revoked_at=None,
+            allowed_capabilities=allowed_capabilities,
+            allowed_tags=allowed_tags,
         )
     )
     session.flush()
@@ -122,6 +126,8 @@ def view(row: ApiKeyRow, now: float) -> dict[str, Any]:
         "expires_at": row.expires_at,
         "revoked_at": row.revoked_at,
         "state": refusal or "active",
+        "allowed_capabilities": row.allowed_capabilities,
+        "allowed_tags": row.allowed_tags,
     }
 
 
@@ -153,5 +159,41 @@ def check(session: Session, secret: str, now: float) -> Principal | Refusal:
     if refusal is not None:
         return Refusal(refusal, f"API key {key_id} is {refusal}", key_id)
     return Principal(
-        scope=Scope(row.scope), key_id=row.key_id, agent_pattern=row.agent_pattern, name=row.name
+        scope=Scope(row.scope),
+        key_id=row.key_id,
+        agent_pattern=row.agent_pattern,
+        name=row.name,
+        allowed_capabilities=_patterns(row.allowed_capabilities),
+        allowed_tags=_patterns(row.allowed_tags),
     )
+
+
+def _patterns(stored: list[str] | None) -> tuple[str, ...] | None:
+    return None if stored is None else tuple(stored)
+
+
+def set_allowed(
+    session: Session,
+    key_id: str,
+    *,
+    capabilities: list[str] | None,
+    tags: list[str] | None,
+    now: float,
+) -> dict[str, Any]:
+    """An admin sets (or widens) what an agent key's agents may declare: fnmatch patterns
+    of capabilities and tags; None leaves that list as it is, ``[]`` allows nothing, and
+    ``["*"]`` anything. Refused for a key of another scope (``ValueError``)."""
+    row = session.get(ApiKeyRow, key_id, with_for_update=True)
+    if row is None:
+        raise UnknownKey(f"API key {key_id!r} does not exist", key_id=key_id)
+    if row.scope != Scope.AGENT.value:
+        raise ValueError(f"only an agent key declares agents; {key_id} is a {row.scope} key")
+    for patterns in (capabilities, tags):
+        if patterns is not None and any(not p or len(p) > MAX_PATTERN for p in patterns):
+            raise ValueError(f"a pattern must be 1 to {MAX_PATTERN} characters")
+    if capabilities is not None:
+        row.allowed_capabilities = sorted(set(capabilities))
+    if tags is not None:
+        row.allowed_tags = sorted(set(tags))
+    session.flush()
+    return view(row, now)

@@ -35,6 +35,7 @@ from reach.errors import (
     ApprovalDecided,
     ApprovalError,
     ApprovalExpired,
+    Forbidden,
     PayloadChanged,
     ReasonRequired,
     SelfApproval,
@@ -49,7 +50,7 @@ from reach.hub.ledger import (
     target_key,
     task_view,
 )
-from reach.hub.storage.models import ApprovalRow, OutboxRow, TaskEventRow, TaskRow
+from reach.hub.storage.models import ApiKeyRow, ApprovalRow, OutboxRow, TaskEventRow, TaskRow
 from reach.hub.wakeups import mark_finished
 
 if TYPE_CHECKING:
@@ -84,11 +85,14 @@ class ApprovalPolicy:
     timeout_s: float = 3600.0
     patterns: tuple[str, ...] = ()
     forbid_self: bool = True
+    # designated approvers: (capability pattern, the key names who alone may decide)
+    approvers: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ApprovalPolicy:
         a = settings.approval
-        return cls(a.timeout_s, tuple(a.capabilities), a.forbid_self_approval)
+        approvers = tuple((p, tuple(names)) for p, names in sorted(a.approvers.items()))
+        return cls(a.timeout_s, tuple(a.capabilities), a.forbid_self_approval, approvers)
 
 
 DEFAULT_POLICY = ApprovalPolicy()
@@ -353,8 +357,16 @@ def _decide(
     verb: str,
 ) -> tuple[ApprovalRow, TaskRow]:
     """Check, then win the decision with one conditional UPDATE; raise (nothing written)
-    if it is refused or another decision won. Returns the decided row and the locked task."""
+    if it is refused or another decision won. Returns the decided row and the locked task.
+
+    The decider is its key: ``decided_by`` its identity and ``decided_name`` its name
+    (the key's holder, as the admin named it), never a name the request sends (``name``
+    is ignored). Where ``approval.approvers`` designates holders for the capability, only
+    their keys may decide (`Forbidden` otherwise); and no holder decides a request made
+    with another of their own keys."""
+    del name  # free text names nobody: the key's own name is recorded
     row = get(session, approval_id)
+    holder = None if decider.anonymous else (decider.name or None)
     refusal = rules.decision_refusal(
         row.status,
         row.expires_at,
@@ -364,9 +376,19 @@ def _decide(
         policy.forbid_self,
         reason,
         verb,
+        decider_holder=holder,
+        requester_holder=_holder_of(session, row.caller),
     )
     if refusal is not None:
         raise _refused(refusal, row, verb)
+    allowed = rules.designated(policy.approvers, row.capability)
+    if allowed is not None and not decider.anonymous and holder not in allowed:
+        raise Forbidden(
+            f"{decider.identity} ({holder or 'unnamed key'}) is not a designated approver "
+            f"of {row.capability!r} (approval.approvers); nothing was decided",
+            approval_id=approval_id,
+            capability=row.capability,
+        )
     task = session.scalar(select(TaskRow).where(TaskRow.task_id == row.task_id))
     if task is None or rules.payload_hash(task.payload) != row.payload_hash:
         raise PayloadChanged(
@@ -382,7 +404,7 @@ def _decide(
         target,
         now,
         decided_by=decider.identity,
-        decided_name=(name or decider.name or "").strip()[:MAX_NAME] or None,
+        decided_name=(holder or "").strip()[:MAX_NAME] or None,
         reason=(reason or "").strip()[:MAX_REASON] or None,
     )
     if not won:
@@ -394,6 +416,14 @@ def _decide(
     if locked is None:  # pragma: no cover - approvals outlive no task (retention keeps both)
         raise PayloadChanged(f"task {row.task_id!r} is gone", approval_id=approval_id)
     return row, locked
+
+
+def _holder_of(session: Session, identity: str | None) -> str | None:
+    """The holder (the key's name) of a ``key:<id>`` identity, or None."""
+    if identity is None or not identity.startswith("key:"):
+        return None
+    name = session.scalar(select(ApiKeyRow.name).where(ApiKeyRow.key_id == identity[len("key:") :]))
+    return name or None
 
 
 def _claim(

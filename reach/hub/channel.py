@@ -183,6 +183,7 @@ def register(
     now: float,
     policy: Policy,
     limits: registry.Limits = registry.DEFAULT_LIMITS,
+    owner: str | None = None,
 ) -> RegisterResponse:
     """Register (or refresh) a channel instance at ``endpoint``; the prober leaves it be.
 
@@ -222,7 +223,7 @@ def register(
             row.consecutive_failure_count = 0
         row.breaker_opened_at = now  # evidence from before this socket opens nothing
     # the endpoint is a replica of this hub's, not an address the agent chose
-    answer = registry.register(session, req, now, policy, limits, judged=False)
+    answer = registry.register(session, req, now, policy, limits, owner=owner, judged=False)
     row = session.get(InstanceRow, req.instance_id)
     if row is not None:
         row.next_probe_at = NEVER_PROBE

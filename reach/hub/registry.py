@@ -6,6 +6,7 @@ the transaction, so a refused request leaves nothing half-written.
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from collections.abc import Iterable
@@ -21,6 +22,7 @@ from sqlalchemy import (
     bindparam,
     delete,
     exists,
+    func,
     insert,
     or_,
     select,
@@ -85,14 +87,43 @@ class AgentFilter:
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """What one agent may hold (``reach.hub.settings.RegistrySettings``)."""
+    """What one agent, and one API key, may hold (``reach.hub.settings.RegistrySettings``)."""
 
     max_instances_per_agent: int = 100
+    max_instances_per_key: int = 1000
+    max_agents_per_key: int = 100
+    max_capabilities_per_agent: int = 64
+    max_tags_per_agent: int = 32
+    max_declaration_bytes: int = 65_536
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Limits:
         r = settings.registry
-        return cls(max_instances_per_agent=r.max_instances_per_agent)
+        return cls(
+            max_instances_per_agent=r.max_instances_per_agent,
+            max_instances_per_key=r.max_instances_per_key,
+            max_agents_per_key=r.max_agents_per_key,
+            max_capabilities_per_agent=r.max_capabilities_per_agent,
+            max_tags_per_agent=r.max_tags_per_agent,
+            max_declaration_bytes=r.max_declaration_bytes,
+        )
+
+    def check_declaration(self, agent_id: str, declaration: dict[str, Any]) -> None:
+        """Refuse (`RegistryLimit`) a declaration past the per-agent bounds."""
+        counted = (
+            ("max_capabilities_per_agent", len(declaration["capabilities"]), "capabilities"),
+            ("max_tags_per_agent", len(declaration["tags"]), "tags"),
+            ("max_declaration_bytes", len(json.dumps(declaration)), "bytes of declaration"),
+        )
+        for name, count, what in counted:
+            bound = getattr(self, name)
+            if count > bound:
+                raise RegistryLimit(
+                    f"agent {agent_id!r} declares {count} {what}; at most {bound} "
+                    f"(registry.{name})",
+                    limit=name,
+                    bound=bound,
+                )
 
 
 DEFAULT_LIMITS = Limits()
@@ -129,6 +160,7 @@ def register(
         _judge_address(reachable, field, network or policy.network, resolver)
 
     declaration = _declaration(req)
+    limits.check_declaration(req.agent_id, declaration)
     conn = session.connection()
     # a newcomer (the common registration in a growing fleet) is written with prebuilt
     # statements; only a known agent or instance is loaded into the ORM, which records
@@ -138,6 +170,8 @@ def register(
     missed_intervals = policy.reach.missed_intervals
     live = _live_instances(session, req.agent_id, now, missed_intervals) if agent else []
     if agent is None:
+        if owner is not None:
+            _check_key_bound(conn, owner, "max_agents_per_key", limits, _AGENTS_OF, "agents")
         values = {"agent_id": req.agent_id, "created_at": now, "updated_at": now}
         values |= {_AGENT_KEYS.get(k, k): v for k, v in declaration.items()}
         conn.execute(_NEW_AGENT, {**values, "max_queue": req.max_queue, "owner": owner})
@@ -175,6 +209,9 @@ def register(
                 limit="max_instances_per_agent",
                 bound=limits.max_instances_per_agent,
             )
+        by = agent.owner if agent is not None else owner
+        if by is not None:
+            _check_key_bound(conn, by, "max_instances_per_key", limits, _INSTANCES_OF, "instances")
     if existing is not None:
         if existing.agent_id != req.agent_id:
             raise RegistrationConflict(
@@ -920,6 +957,31 @@ _REPLACED = (
     .where(_INSTANCES_T.c.instance_id == bindparam("b_id"))
     .values(status=InstanceStatus.DEREGISTERED.value, status_changed_at=bindparam("b_now"))
 )
+
+
+_AGENTS_OF = (
+    select(func.count()).select_from(_AGENTS).where(_AGENTS.c.owner == bindparam("b_owner"))
+)
+_INSTANCES_OF = (
+    select(func.count())
+    .select_from(_INSTANCES_T.join(_AGENTS, _AGENTS.c.agent_id == _INSTANCES_T.c.agent_id))
+    .where(_AGENTS.c.owner == bindparam("b_owner"))
+    .where(_INSTANCES_T.c.status.in_([s.value for s in _LIVE]))
+)
+
+
+def _check_key_bound(
+    conn: Any, owner: str, name: str, limits: Limits, statement: Any, what: str
+) -> None:
+    """Refuse (`RegistryLimit`) one more of ``what`` for the agents key ``owner`` owns."""
+    bound = getattr(limits, name)
+    held = int(conn.execute(statement, {"b_owner": owner}).scalar_one())
+    if held >= bound:
+        raise RegistryLimit(
+            f"API key {owner} already holds {held} {what}, the most one key may (registry.{name})",
+            limit=name,
+            bound=bound,
+        )
 
 
 def _url(endpoint: Any) -> str | None:

@@ -496,6 +496,20 @@ class RegistrySettings(_Section):
     max_instances_per_agent: int = Field(
         100, ge=1, le=100_000, description="live instances one agent may have registered"
     )
+    max_instances_per_key: int = Field(
+        1000, ge=1, le=1_000_000, description="live instances of the agents one API key owns"
+    )
+    max_agents_per_key: int = Field(
+        100, ge=1, le=1_000_000, description="agents one API key may register (own)"
+    )
+    max_capabilities_per_agent: int = Field(
+        64, ge=1, le=256, description="capabilities one agent may declare"
+    )
+    max_tags_per_agent: int = Field(32, ge=1, le=64, description="tags one agent may declare")
+    max_declaration_bytes: int = Field(
+        65_536, ge=1024, le=16 * 1024 * 1024,
+        description="JSON size of one agent's capabilities, tags and metadata together",
+    )  # fmt: skip
 
 
 class ApprovalSettings(_Section):
@@ -512,6 +526,11 @@ class ApprovalSettings(_Section):
         default_factory=list, description="fnmatch patterns that need approval by policy"
     )
     forbid_self_approval: bool = Field(True, description="the requester may not decide its own")
+    approvers: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="designated approvers: a capability's fnmatch pattern -> the key names "
+        "(holders) who alone may decide its approvals",
+    )
     webhook_url: str | None = Field(None, description="each request is POSTed here, signed")
     webhook_allow_private: bool = Field(
         False, description="allow a loopback or private webhook address (refused: SSRF)"

@@ -40,6 +40,7 @@ STACK_SETTINGS = {
     "REACH_APPROVAL__TIMEOUT_S": "600",
     "REACH_APPROVAL__CAPABILITIES": '["policy.*"]',
 }
+APPROVER_NAME = "trust-test-approver"  # decided_name: the key's own name, not the body's
 DANGER = "ap-danger"  # declares orders.cancel with require_approval
 POLICY = "ap-policy"  # declares policy.pay plainly; the hub's policy gates it
 
@@ -198,7 +199,7 @@ def test_park_then_approve_delivers_exactly_once(
 
     r = _decide(shared_stack, keys.approver, approval["approval_id"], "approve", {"name": "Ann"})
     assert r.status_code == 200, r.text
-    assert r.json()["status"] == "approved" and r.json()["decided_name"] == "Ann"
+    assert r.json()["status"] == "approved" and r.json()["decided_name"] == APPROVER_NAME
     assert r.json()["decided_by"] == keys.approver.identity
     assert _settled(shared_stack, keys.caller, task_id)["status"] == "success"
     wait_until(lambda: agents.danger.counts().deliveries[task_id] == 1, 10, what="delivered")
@@ -271,7 +272,7 @@ def test_park_then_reject_tells_the_waiting_caller_and_never_calls_the_agent(
     error = waited["error"]
     assert error["kind"] == "approval_rejected"
     assert error["reason"] == "order already shipped"
-    assert error["decided_by"] == keys.approver.identity and error["decided_name"] == "Bob"
+    assert error["decided_by"] == keys.approver.identity and error["decided_name"] == APPROVER_NAME
     assert ("approval_rejected", keys.approver.identity) in _kinds(
         shared_stack, keys.admin, task_id
     )

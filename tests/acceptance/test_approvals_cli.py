@@ -159,12 +159,13 @@ def test_list_shows_the_parked_task_and_approve_delivers_it_once(
     decided = shown(shared_stack, keys.approver, approval_id)
     assert decided["status"] == "approved"
     assert decided["decided_by"] == f"key:{keys.approver.key_id}"
-    assert decided["decided_name"] == "Al"
+    assert decided["decided_name"] == "alice"  # the key's name, not --name
     assert approval_id not in {a["approval_id"] for a in listed(shared_stack, keys.approver)}
     everything = listed(shared_stack, keys.approver, "--all")
     assert approval_id in {a["approval_id"] for a in everything}
     after = cli(shared_stack, keys.caller, "tasks", "show", task_id)
-    assert f"approval {approval_id}  approved  by key:{keys.approver.key_id} (Al)" in after.stdout
+    decided_by = f"approved  by key:{keys.approver.key_id} (alice)"
+    assert f"approval {approval_id}  {decided_by}" in after.stdout
 
     # deciding again: refused with the problem's detail, nothing changes
     again = cli(shared_stack, keys.approver, "approvals", "approve", approval_id)
@@ -202,7 +203,7 @@ def test_reject_with_a_reason_tells_the_caller_who_and_why(
         reach.wait_for_result(task_id, 30, hub=shared_stack.url, api_key=keys.caller.secret)
     assert caught.value.extra["decided_by"] == f"key:{keys.approver.key_id}"
     assert caught.value.extra["reason"] == "the customer wants to keep it"
-    assert "Bob" in str(caught.value) and "the customer wants to keep it" in str(caught.value)
+    assert "alice" in str(caught.value) and "the customer wants to keep it" in str(caught.value)
 
     decided = shown(shared_stack, keys.approver, approval_id)
     assert decided["status"] == "rejected" and decided["reason"] == "the customer wants to keep it"

@@ -445,7 +445,7 @@ def test_approve_and_reject_through_the_ui_deliver_once_or_never(
     wait_until(lambda: agents.danger.counts().deliveries[approved_task] == 1, 10, what="delivered")
     detail = viewer.get(f"/ui/approvals/{to_approve}").text
     assert _testids(detail, "approval-status") == ["approved"]
-    assert _testids(detail, "decided-by") == [f"{keys.approver.identity} (Ann)"]
+    assert _testids(detail, "decided-by") == [f"{keys.approver.identity} (trust-test-approver)"]
 
     reason = f"not today {SCRIPT}"
     no = approver.post(f"/ui/approvals/{to_reject}/reject", {"reason": reason})

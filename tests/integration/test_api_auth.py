@@ -594,7 +594,7 @@ def test_keys_are_stored_as_a_digest_listed_without_it_and_revoked(hub: Hub) -> 
     view = listed[key.key_id]
     assert set(view) == {
         "key_id", "name", "scope", "agent_pattern", "created_at", "expires_at", "revoked_at",
-        "state",
+        "state", "allowed_capabilities", "allowed_tags",
     }  # fmt: skip
     assert (view["state"], view["name"], view["agent_pattern"]) == (
         "active",

@@ -32,6 +32,7 @@ FLOOD_AGENTS = 12  # 12 x 90 = 1,080 instances: more than the 1,000 of the old w
 STACK_SETTINGS = {
     "REACH_SECURITY__REQUIRE_AUTH": "true",
     "REACH_REGISTRY__MAX_INSTANCES_PER_AGENT": str(PER_AGENT),
+    "REACH_REGISTRY__MAX_INSTANCES_PER_KEY": "2000",  # the flood's key holds 1,080
     "REACH_APPROVAL__TIMEOUT_S": "600",
 }
 GATED = "doc-gated"

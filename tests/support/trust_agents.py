@@ -39,7 +39,9 @@ class Key:
         return {"Authorization": f"Bearer {self.secret}"}
 
 
-def make_key(store_url: str, scope: Scope, agent_pattern: str | None = None) -> Key:
+def make_key(
+    store_url: str, scope: Scope, agent_pattern: str | None = None, name: str | None = None
+) -> Key:
     engine = create_engine_for(store_url)
     try:
         with session_factory(engine).begin() as session:
@@ -47,7 +49,7 @@ def make_key(store_url: str, scope: Scope, agent_pattern: str | None = None) -> 
                 session,
                 scope=scope,
                 agent_pattern=agent_pattern,
-                name=f"trust-test-{scope.value}",
+                name=name if name is not None else f"trust-test-{scope.value}",
                 expires_in_s=None,
                 now=time.time(),
             )

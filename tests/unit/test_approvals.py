@@ -12,6 +12,7 @@ from reach.core.approvals import (
     NO_REASON,
     SELF_APPROVAL,
     decision_refusal,
+    designated,
     needs_approval,
     payload_hash,
 )
@@ -96,3 +97,45 @@ def test_decision_refusal(
 ) -> None:
     got = decision_refusal(status, expires_at, NOW, decider, requester, forbid, reason, verb)
     assert got == expected
+
+
+@pytest.mark.parametrize(
+    ("decider_holder", "requester_holder", "forbid", "expected"),
+    [
+        ("alice", "alice", True, SELF_APPROVAL),  # the same person's second key
+        ("alice", "alice", False, None),
+        ("carol", "alice", True, None),
+        (None, None, True, None),  # unnamed keys: nobody's holder
+        ("", "", True, None),
+    ],
+)
+def test_a_holder_does_not_decide_their_own_request(
+    decider_holder: str | None, requester_holder: str | None, forbid: bool, expected: str | None
+) -> None:
+    got = decision_refusal(
+        ApprovalStatus.PENDING, NOW + 60, NOW, "key:b", "key:a", forbid, None, "approve",
+        decider_holder=decider_holder, requester_holder=requester_holder,
+    )  # fmt: skip
+    assert got == expected
+
+
+@pytest.mark.parametrize(
+    ("approvers", "capability", "expected"),
+    [
+        ((), "policy.pay", None),  # nobody designated: any approver key decides
+        ((("policy.*", ("alice",)),), "policy.pay", frozenset({"alice"})),
+        ((("policy.*", ("alice",)),), "orders.cancel", None),
+        (
+            (("policy.*", ("alice",)), ("*.pay", ("carol",))),
+            "policy.pay",
+            frozenset({"alice", "carol"}),
+        ),
+        ((("policy.*", ()),), "policy.pay", frozenset()),  # designated: nobody may decide
+    ],
+)
+def test_designated_approvers(
+    approvers: tuple[tuple[str, tuple[str, ...]], ...],
+    capability: str,
+    expected: frozenset[str] | None,
+) -> None:
+    assert designated(approvers, capability) == expected

@@ -43,7 +43,7 @@ from reach.hub.a2a.exchange import CREDENTIAL, open_credential
 from reach.hub.monitoring import Policy
 from reach.hub.networks import judge_host
 from reach.hub.sealing import SealKey
-from reach.hub.storage.models import InstanceEventRow, InstanceRow
+from reach.hub.storage.models import AgentRow, InstanceEventRow, InstanceRow
 from reach.schemas import AgentId, RegisterRequest, WireModel
 
 log = logging.getLogger("reach.hub.a2a")
@@ -178,7 +178,13 @@ def register_card(
     A credential is bound to the origin of the JSON-RPC URL the card named when it was
     given: a card that names another origin later (``refresh``: the beat's re-read; or
     an admin's registration without the credential) is refused, and the credential
-    stays where it was given. Only an admin who gives the credential again moves it."""
+    stays where it was given. Only an admin who gives the credential again moves it.
+
+    A ``refresh`` (the beat reading the card again, no admin involved) may narrow what
+    the agent declares but not widen it: a card that now names a skill or tag the agent
+    was not registered with is refused (`InvalidAgentCard`, recorded as the card's error
+    with an alert), and the registration stays as the admin made it until an admin
+    registers the card again (issue 37: no squatting through a card's refresh)."""
     facts = fetched.facts
     if facts.scheme.kind != "none" and not credential:
         raise InvalidAgentCard(
@@ -216,6 +222,8 @@ def register_card(
             f"the card does not make a valid registration ({where}: {first['msg']})",
             card_url=fetched.url,
         ) from None
+    if refresh:
+        _check_no_new_declarations(session, req, fetched.url)
     answer = registry.register(session, req, now, policy, network=network)
     row = session.get(InstanceRow, instance_id, with_for_update=True)
     assert row is not None
@@ -244,6 +252,21 @@ def register_card(
         "card_url": fetched.url,
         "skills": [s["id"] for s in facts.skills],
     }
+
+
+def _check_no_new_declarations(session: Session, req: RegisterRequest, card_url: str) -> None:
+    agent = session.get(AgentRow, req.agent_id)
+    if agent is None:
+        return
+    known = {c["type"] for c in agent.capabilities} | {f"tag:{t}" for t in agent.tags}
+    now_declared = {c.type for c in req.capabilities} | {f"tag:{t}" for t in req.tags}
+    added = sorted(now_declared - known)
+    if added:
+        raise InvalidAgentCard(
+            f"the card now declares {', '.join(added)}, which its registration does not: "
+            "not applied until an admin registers the card again (POST /api/v1/agents/a2a)",
+            card_url=card_url,
+        )
 
 
 def _credential_origin(row: InstanceRow | None) -> str | None:

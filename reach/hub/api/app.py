@@ -20,7 +20,7 @@ from reach.core.networks import NetworkRule
 from reach.hub import admission, approvals, loops, metrics, monitoring, registry, sessions, signing
 from reach.hub.api import links
 from reach.hub.api.admission import MemoryAdmissionMiddleware
-from reach.hub.api.auth import AuthMiddleware, demand_agent, require
+from reach.hub.api.auth import AuthMiddleware, check_declarable, demand_agent, require
 from reach.hub.api.lockout import AuthLockout
 from reach.hub.api.problems import (
     BodyLimitMiddleware,
@@ -187,6 +187,7 @@ def _agent_router(ctx: HubContext, network: NetworkRule) -> APIRouter:
     )
     def register(body: RegisterRequest, request: Request, principal: ActsAsAgent) -> JSONResponse:
         demand_agent(request, principal, body.agent_id, Action.ACT_AS_AGENT)
+        check_declarable(principal, body)
         limits, now, owner = ctx.registry_limits, ctx.clock.now, principal.key_id
         result = ctx.write(
             lambda s: registry.register(

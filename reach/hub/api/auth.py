@@ -38,7 +38,15 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from reach.core.auth import OPEN, Action, Principal, bearer_of, may_act_for, permits
+from reach.core.auth import (
+    OPEN,
+    Action,
+    Principal,
+    bearer_of,
+    may_act_for,
+    permits,
+    undeclarable,
+)
 from reach.errors import Forbidden, ReachError, TooManyAuthFailures, Unauthenticated
 from reach.hub import apikeys, audit, metrics
 from reach.hub.api import signin
@@ -46,6 +54,7 @@ from reach.hub.api.lockout import AuthLockout
 from reach.hub.api.problems import PROBLEM_JSON
 from reach.hub.apikeys import Refusal
 from reach.hub.context import HubContext
+from reach.schemas import RegisterRequest
 
 log = logging.getLogger("reach.security")
 
@@ -248,6 +257,19 @@ def demand_agent(request: Request, principal: Principal, agent_id: str, action: 
             f"this key may not act for agent {agent_id!r}",
             target=f"agent:{agent_id}",
             reason="wrong_agent",
+        )
+
+
+def check_declarable(principal: Principal, declared: RegisterRequest) -> None:
+    """`Forbidden` (403) when a registration declares a capability or tag beyond its
+    key's allow-lists (``reach keys allow``, issue 37: no squatting on another team's tag
+    or capability); an admin widens the lists, nothing else does."""
+    beyond = undeclarable(principal, declared.tags, [c.type for c in declared.capabilities])
+    if beyond:
+        raise Forbidden(
+            f"this key may not declare {', '.join(beyond)}: an admin allows them "
+            "(reach keys allow)",
+            undeclarable=beyond,
         )
 
 

@@ -383,6 +383,10 @@ class ApiKeyRow(Base):
     created_at: Mapped[float] = mapped_column(Double)
     expires_at: Mapped[float | None] = mapped_column(Double, nullable=True)
     revoked_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    # an agent key's allow-lists (fnmatch patterns) of what its agents may declare; None:
+    # anything. Set and widened by an admin only (``reach keys allow``).
+    allowed_capabilities: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    allowed_tags: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
 
 
 class UiSignOutRow(Base):

@@ -1,9 +1,11 @@
 """The approvals admin surface: list, show, approve, reject (``reach.hub.approvals``).
 
 Reading needs ``read_approvals`` (admin, viewer, approver); deciding needs ``approve``
-(admin, approver). The decider is the authenticated identity, never a body field; the
-optional ``name`` is only the display name recorded next to it. An approved task's first
-attempt is published after commit, as a dead-letter replay is (the relay covers a crash).
+(admin, approver). The decider is the authenticated key, never a body field: the record
+keeps its identity and the key's own name (``name`` in a body is accepted for old clients
+and ignored). ``approval.approvers`` may designate who decides a capability. An approved
+task's first attempt is published after commit, as a dead-letter replay is (the relay
+covers a crash).
 """
 
 from __future__ import annotations
@@ -25,10 +27,13 @@ Approves = Annotated[Principal, Depends(require(Action.APPROVE))]
 ApprovalId = Annotated[str, Field(min_length=1, max_length=64)]
 
 
+IGNORED_NAME = "ignored: the deciding key's own name is recorded"
+
+
 class Approve(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str | None = Field(None, max_length=approvals.MAX_NAME, description="display name")
+    name: str | None = Field(None, max_length=approvals.MAX_NAME, description=IGNORED_NAME)
 
 
 class Reject(BaseModel):
@@ -38,7 +43,7 @@ class Reject(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     reason: str | None = Field(None, max_length=approvals.MAX_REASON)
-    name: str | None = Field(None, max_length=approvals.MAX_NAME, description="display name")
+    name: str | None = Field(None, max_length=approvals.MAX_NAME, description=IGNORED_NAME)
 
 
 def approval_router(ctx: HubContext) -> APIRouter:

@@ -42,6 +42,7 @@ from reach.core.channel import (
 )
 from reach.errors import ReachError
 from reach.hub import apikeys, metrics, registry
+from reach.hub.api.auth import check_declarable
 from reach.hub.apikeys import Refusal
 from reach.hub.channel import Channel, Channels, NotHere, Pinger, holder_url, record_ping
 from reach.hub.channel import register as register_channel
@@ -91,13 +92,27 @@ def channel_router(ctx: HubContext, require_auth: bool) -> APIRouter:
         if declared.instance_id is None:
             await _close(websocket, "invalid_registration", "register.instance_id is required")
             return
+        try:
+            check_declarable(principal, declared)
+        except ReachError as exc:
+            _refused("undeclarable", principal.key_id)
+            await _close(websocket, "forbidden", str(exc))
+            return
         server = websocket.scope.get("server") or ("127.0.0.1", 0)
         link = Channel(declared.agent_id, declared.instance_id, websocket.send_text)
         endpoint = holder_url(str(server[0]), int(server[1]), link.instance_id, link.secret)
         try:
             answer = await run_in_threadpool(
                 ctx.write,
-                lambda s: register_channel(s, declared, endpoint, ctx.clock.now(), ctx.policy),
+                lambda s: register_channel(
+                    s,
+                    declared,
+                    endpoint,
+                    ctx.clock.now(),
+                    ctx.policy,
+                    ctx.registry_limits,
+                    owner=principal.key_id,
+                ),
             )
         except ReachError as exc:
             await _close(websocket, exc.slug, str(exc))
