@@ -48,6 +48,8 @@ export async function startHub(extra = {}) {
     REACH_PROBE__INTERVAL: "0.5",
     REACH_PROBE__FAST_INTERVAL: "0.5",
     REACH_HEARTBEAT__SWEEP_INTERVAL: "0.5",
+    // the test agents listen on loopback: a hub with auth on calls them only when told to
+    REACH_SECURITY__ALLOW_LOOPBACK_AGENTS: "true",
     PYTHONUNBUFFERED: "1",
     ...extra,
   });

@@ -58,6 +58,8 @@ function hubEnv(home, extra) {
     ...env,
     REACH_HOME: home,
     REACH_DATABASE_URL: `sqlite:///${join(home, "reach.db")}`,
+    // the test agents listen on loopback: a hub with auth on calls them only when told to
+    REACH_SECURITY__ALLOW_LOOPBACK_AGENTS: "true",
     PYTHONUNBUFFERED: "1",
     ...extra,
   };
