@@ -16,7 +16,7 @@ import requests
 import reach
 from tests.conftest import REPO, free_port, hub_env, wait_until
 from tests.support.holding_proxy import HoldingProxy
-from tests.support.reach_tokens import HubStore, bearer, mint
+from tests.support.reach_tokens import HubStore, bearer, encoded, mint
 
 
 def start_agent(script: Path, hub: str, port: int, *extra: str) -> subprocess.Popen[bytes]:
@@ -100,12 +100,20 @@ def test_sdk_agent_registers_heartbeats_and_deregisters(
         assert [a["agent_id"] for a in body["agents"]] == ["doc-analyzer-01"]
 
         # the agent's own endpoint really serves its handler, to a token signed by its hub
+        raw = encoded(
+            {"task_id": "t-1", "attempt_seq": 1, "payload": {"doc_id": "d", "text": "a b c"}}
+        )
+        token = mint(
+            HubStore(store_url, tmp_path),
+            audience="doc-analyzer-01",
+            task_id="t-1",
+            body=raw,
+            method="task.process",
+        )
         answer = requests.post(
             f"http://127.0.0.1:{port}/tasks/task.process",
-            json={"task_id": "t-1", "payload": {"doc_id": "d", "text": "a b c"}},
-            headers=bearer(
-                mint(HubStore(store_url, tmp_path), audience="doc-analyzer-01", task_id="t-1")
-            ),
+            data=raw,
+            headers={**bearer(token), "Content-Type": "application/json"},
             timeout=5,
         )
         assert answer.json() == {"code": 0, "data": {"doc_id": "d", "words": 3, "task_id": "t-1"}}

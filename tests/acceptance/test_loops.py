@@ -300,9 +300,15 @@ def test_reaches_by_tags_count_by_the_agent_they_reached(hub: Hub) -> None:
     for src, dst, n in ((G, H, 4), (H, G, 4)):
         views = [submit(hub, hub.keys[src], tags=[f"tag-{dst}"], method="ping") for _ in range(n)]
         assert all(v["status"] == "success" and v["agent_id"] == dst for v in views), views
-    link = wait_until(lambda: _link(hub, (G, H)), timeout=10, what="the link suspected")
+    # each worker process buffers its counts for half a second: the link is judged again
+    # at the next reach routed on it, once the others' counts are in
+    time.sleep(1.5)
+    nxt = submit(hub, hub.keys[G], tags=[f"tag-{H}"], method="ping")
+    assert nxt["status"] == "success", nxt
+    link = wait_until(lambda: _link(hub, (G, H)), timeout=20, what="the link suspected")
     assert link["state"] == "suspected", link
-    assert link["detail"]["counts"] == {f"{H}>{G}": 4, f"{G}>{H}": 4}
+    counts = link["detail"]["counts"]
+    assert counts[f"{H}>{G}"] >= 4 and counts[f"{G}>{H}"] >= 4, counts
     assert _suspected_metric(hub) == before + 1
     assert [r.action for r in audit_rows(hub.store, AuditRow.target == f"{G}<->{H}")] == [
         "dependency_loop_suspected"

@@ -138,7 +138,7 @@ def test_a_body_without_attempt_seq_is_refused(hub: Hub, pair: list[TokenAgent])
     """Even under a token the hub signed for exactly that body and method."""
     task_id = f"t-{uuid.uuid4().hex[:12]}"
     raw = encoded({"task_id": task_id, "method": "work.do", "payload": {"n": 1}})
-    token = mint(hub.store_url, audience=AGENT, task_id=task_id, body=raw)
+    token = mint(hub.store, audience=AGENT, task_id=task_id, body=raw)
     r = post(pair[1], "work.do", raw, token)
     assert r.status_code == 401, r.text
     assert "names no attempt_seq" in r.json()["message"]
@@ -150,7 +150,7 @@ def test_the_exact_bytes_are_bound_not_their_meaning(hub: Hub, pair: list[TokenA
     task_id = f"t-{uuid.uuid4().hex[:12]}"
     body = {"task_id": task_id, "method": "work.do", "payload": {"n": 1}, "attempt_seq": 1}
     raw = encoded(body)
-    token = mint(hub.store_url, audience=AGENT, task_id=task_id, body=raw)
+    token = mint(hub.store, audience=AGENT, task_id=task_id, body=raw)
     spaced = json.dumps(body).encode()
     assert body_digest(spaced) != body_digest(raw)
     assert post(pair[1], "work.do", spaced, token).status_code == 401
