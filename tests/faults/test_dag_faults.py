@@ -34,14 +34,7 @@ NODE_TIMEOUT_MS = 5000
 SWEEP_SETTINGS = {"REACH_DAGS__SWEEP_INTERVAL": "1", "REACH_DAGS__SWEEP_MARGIN": "3"}
 
 
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
-    redis = PrivateRedis(tmp_path)
-    redis.start()
-    try:
-        yield redis
-    finally:
-        redis.stop()
+# private_redis: tests/faults/conftest.py (a redis-server of the test's own, on a free port)
 
 
 @pytest.fixture
