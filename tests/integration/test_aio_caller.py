@@ -140,7 +140,9 @@ def test_a_hundred_sends_and_waits_at_once_share_one_loop_and_one_pool(
     answers, pools, held = run(main)
     assert answers == [str(n) for n in range(100)]
     assert pools == 1
-    assert 1 <= len(held - before) <= 100  # kept for reuse while the loop ran
+    # kept for reuse while the loop ran: at most one per concurrent request, plus what the
+    # in-process agent's own client may have opened meanwhile (its reports and heartbeats)
+    assert 1 <= len(held - before) <= 100 + 2
     assert open_pools() == 0  # and closed with it (counted in the last test, alone)
 
 
