@@ -40,7 +40,7 @@ SETTINGS = {
     "REACH_HEARTBEAT__SWEEP_INTERVAL": "1",
 }
 CALLERS = 8
-PER_CALLER = 12
+PER_CALLER = 30  # enough that callers still wait when the bursts are done (kill 2)
 BURSTERS = 2
 PER_BURSTER = 30
 

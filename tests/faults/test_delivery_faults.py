@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import func, select
@@ -120,6 +121,29 @@ def recovery_events(store_url: str, task_id: str | None = None) -> Counter[str]:
         engine.dispose()
 
 
+def task_events(store_url: str, task_id: str) -> list[tuple[str, dict[str, Any]]]:
+    """One task's events, oldest first: (kind, detail)."""
+    from reach.hub.storage.models import TaskEventRow
+
+    engine = create_engine_for(store_url)
+    try:
+        with session_factory(engine)() as s:
+            query = select(TaskEventRow).where(TaskEventRow.task_id == task_id)
+            rows = s.scalars(query.order_by(TaskEventRow.id)).all()
+            return [(r.kind, dict(r.detail)) for r in rows]
+    finally:
+        engine.dispose()
+
+
+def queued_messages(redis_server: PrivateRedis) -> int:
+    """Messages waiting in the broker's queues (Redis lists) right now."""
+    client = redis_server.client()
+    try:
+        return sum(int(client.llen(k)) for k in client.scan_iter() if client.type(k) == b"list")
+    finally:
+        client.close()
+
+
 def assert_exactly_once(store_url: str, agent: AgentProcess, ids: list[str]) -> None:
     final = wait_until(
         lambda: (
@@ -160,10 +184,12 @@ def test_worker_killed_mid_flight_loses_nothing(
         stack.start_worker()
         submitter.join(120)
         assert_exactly_once(store_url, agent, ids)
-        # the kill left the held delivery unfinished, and the expired dispatch lease
-        # recovered it (other casualties may have been prefetched messages, republished
-        # as overdue)
-        assert recovery_events(store_url, held)["worker_lost"] >= 1
+        # the kill left the held delivery unfinished: either the expired dispatch lease
+        # recovered it, or the agent, finding the worker's connection gone, reported its
+        # answer late and the hub took it as the attempt's result
+        kinds = task_events(store_url, held)
+        late = any(k == "terminal_success" and d.get("late_report") for k, d in kinds)
+        assert recovery_events(store_url, held)["worker_lost"] >= 1 or late, kinds
     finally:
         agent.stop()
 
@@ -180,6 +206,7 @@ def test_redis_restart_during_a_run_loses_nothing(
         submitter.start()
         wait_until(lambda: len(agent.executions()) >= 30, timeout=60, what="work under way")
         # Redis keeps nothing on disk here: every queued message is lost in the restart.
+        queued = queued_messages(private_redis)
         private_redis.stop()
         time.sleep(2.0)
         private_redis.start()
@@ -189,7 +216,9 @@ def test_redis_restart_during_a_run_loses_nothing(
         # lost connection once killed it with "Unrecoverable error": reach.worker.redis_broker)
         assert stack.worker.proc.poll() is None, stack.worker.output()[-3000:]
         assert "Unrecoverable error" not in stack.worker.output()
-        # queued messages died with Redis; the recovery scan republished them
-        assert recovery_events(store_url)["republished"] >= 1
+        # messages queued at the stop died with Redis; the recovery scan republished them
+        # (with a thousand exchanges per worker, the queue may also have been empty then)
+        if queued:
+            assert recovery_events(store_url)["republished"] >= 1, queued
     finally:
         agent.stop()
