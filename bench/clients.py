@@ -14,8 +14,8 @@ from typing import Any
 
 import requests
 
-from reach.core.statuses import TERMINAL
-from reach.schemas import MAX_WAIT_S
+from reach.core.ledger.statuses import TERMINAL
+from reach.wire.schemas import MAX_WAIT_S
 
 _local = threading.local()
 

@@ -1,7 +1,7 @@
 """The hot path in one process: CPU per submit and per delivery, steady on a busy box.
 
 ``python -m bench.micro`` runs, in this process and one after another, the API's submit
-transaction (`reach.hub.submission.submit` through `HubContext.write`, commit hooks
+transaction (`reach.hub.intake.submission.submit` through `HubContext.write`, commit hooks
 included), the publish of its attempt to Redis, and the worker's `deliver_attempt`
 (claim, route, sign, POST to a real mock agent process, record the success), against the
 real PostgreSQL (a fresh database) and Redis. It reports the median CPU time of this
@@ -74,18 +74,19 @@ def _backend_cpu(ctx: Any) -> Iterator[Callable[[], float]]:
 
 
 def run(rounds: int = ROUNDS) -> dict[str, Any]:
-    from reach.core.routing import RouteFilter  # noqa: F401  (imported before timing)
-    from reach.hub import admission, submission
-    from reach.hub.breakers import Breakers
+    from reach.core.fleet.routing import RouteFilter  # noqa: F401  (imported before timing)
     from reach.hub.context import HubContext
     from reach.hub.delivery.pipeline import deliver_attempt
     from reach.hub.delivery.transports import AgentTransport
-    from reach.hub.ledger import Publish
-    from reach.hub.monitoring import Policy
-    from reach.hub.registry import CandidateCache, register
-    from reach.hub.signing import Signer
+    from reach.hub.fleet.reachability import Policy
+    from reach.hub.fleet.registry import CandidateCache, register
+    from reach.hub.flow import admission
+    from reach.hub.flow.breakers import Breakers
+    from reach.hub.intake import submission
+    from reach.hub.ledger.tasks import Publish
+    from reach.hub.security.signing import Signer
     from reach.hub.storage import upgrade_database
-    from reach.schemas import RegisterRequest, SubmitRequest
+    from reach.wire.schemas import RegisterRequest, SubmitRequest
 
     database = fresh_database()
     upgrade_database(database)
@@ -118,8 +119,9 @@ def run(rounds: int = ROUNDS) -> dict[str, Any]:
         ops: dict[str, list[float]] = {
             "submit": [], "publish": [], "deliver": [], "heartbeat": [], "register": [],
         }  # fmt: skip
-        from reach.hub import registry, sessions
-        from reach.schemas import HeartbeatRequest
+        from reach.hub.fleet import registry
+        from reach.hub.gates import sessions
+        from reach.wire.schemas import HeartbeatRequest
 
         policy = Policy.from_settings(ctx.settings)
         echo_instance = [""]

@@ -32,7 +32,7 @@ import requests
 from bench import scenarios
 from bench.processes import REPO, Hub, free_port, spawn
 from bench.stats import Target
-from reach.hub.embeddings import availability
+from reach.hub.fleet.embeddings import availability
 
 KINDS = ("capability", "intent_new", "intent_seen")
 TARGET_ADDED_P50_MS = 15.0

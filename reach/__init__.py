@@ -56,7 +56,7 @@ from reach.errors import (
 # ``reach.errors`` or a CLI command that never builds an agent does not pay for pydantic
 # models, JSON Schema, JWT and HTTP clients at start-up.
 _LAZY = {
-    "Capability": "reach.schemas",
+    "Capability": "reach.wire.schemas",
     "ACCEPTED": "reach.sdk.running",
     "Agent": "reach.sdk.agent",
     "verify_callback": "reach.sdk.callbacks",
@@ -87,7 +87,6 @@ _LAZY_MODULES = frozenset({"aio"})
 
 if TYPE_CHECKING:
     from reach import aio
-    from reach.schemas import Capability
     from reach.sdk.agent import Agent
     from reach.sdk.callbacks import verify_callback
     from reach.sdk.caller import (
@@ -108,6 +107,7 @@ if TYPE_CHECKING:
     from reach.sdk.stream import StreamEvent, stream
     from reach.sdk.tls import TLSConfig
     from reach.sdk.webhooks import verify_webhook
+    from reach.wire.schemas import Capability
 
 
 def __getattr__(name: str) -> Any:

@@ -1,4 +1,4 @@
-"""A2A sweeps (``reach.hub.a2a``): re-read every A2A agent's card (its heartbeat), and
+"""A2A sweeps (``reach.hub.interop.a2a``): re-read every A2A agent's card (its heartbeat), and
 follow the A2A tasks still working with ``GetTask``. Thin shells over the hub."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import logging
 
 from celery import shared_task
 
-from reach.hub.a2a import cards, exchange
+from reach.hub.interop.a2a import cards, exchange
 from reach.worker.exchanges import machinery
 from reach.worker.process_random import process_random
 from reach.worker.sweeps import skip_when_unavailable

@@ -1,7 +1,7 @@
 """The callback tasks: one POST of a task's result (or progress) to the caller's URL,
 and the beat's net for due callbacks whose publish was lost.
 
-The slot claims and signs the callback (``reach.hub.callbacks.prepare``); the POST goes
+The slot claims and signs the callback (``reach.hub.notify.callbacks.prepare``); the POST goes
 out from this process's exchanger loop (``reach.worker.exchanges``), so a receiver that
 takes its time holds no worker slot, and the answer is recorded on the exchanger's
 threads. A retry is a new message with its countdown; the callback's claim in the store
@@ -14,9 +14,9 @@ from typing import Any
 
 from celery import shared_task
 
-from reach.core import callbacks as callback_rules
-from reach.core.answers import AgentAnswer
-from reach.hub import callbacks
+from reach.core.delivery.answers import AgentAnswer
+from reach.core.notify import callbacks as callback_rules
+from reach.hub.notify import callbacks
 from reach.worker.exchanges import machinery
 from reach.worker.process_random import process_random
 from reach.worker.sweeps import skip_when_unavailable

@@ -18,12 +18,12 @@ from typing import Any
 
 from celery import shared_task
 
-from reach.core.dags import NodeResult
+from reach.core.orchestration.dags import NodeResult
 from reach.errors import HubUnavailable
-from reach.hub import dagruns
-from reach.hub.admission import Limits
-from reach.hub.dagruns import canvas_step
-from reach.hub.ledger import Publish
+from reach.hub.flow.admission import Limits
+from reach.hub.ledger.tasks import Publish
+from reach.hub.orchestration import dagruns
+from reach.hub.orchestration.dagruns import canvas_step
 from reach.worker.canvas import canvas
 
 log = logging.getLogger("reach.tasks.dags")

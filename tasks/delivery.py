@@ -20,7 +20,7 @@ import logging
 
 from celery import Task, shared_task
 
-from reach.core.retry import RetryPolicy, backoff_delay
+from reach.core.delivery.retry import RetryPolicy, backoff_delay
 from reach.errors import HubUnavailable
 from reach.hub.delivery.routing import Dispatch
 from reach.worker.exchanges import machinery

@@ -6,7 +6,9 @@ import logging
 
 from celery import shared_task
 
-from reach.hub import approvals, monitoring, retention
+from reach.hub.fleet import reachability as monitoring
+from reach.hub.gates import approvals
+from reach.hub.ops import retention
 from reach.worker.sweeps import skip_when_unavailable
 
 log = logging.getLogger("reach.tasks.maintenance")

@@ -6,7 +6,7 @@ import logging
 
 from celery import shared_task
 
-from reach.hub import outbox
+from reach.hub.delivery import outbox
 from reach.worker.process_random import process_random
 from reach.worker.sweeps import skip_when_unavailable
 

@@ -11,8 +11,8 @@ from functools import lru_cache
 
 from celery import shared_task
 
-from reach.hub import monitoring
-from reach.hub.probing import ProbePool, ProbeTarget, probe_once
+from reach.hub.fleet import reachability as monitoring
+from reach.hub.fleet.probing import ProbePool, ProbeTarget, probe_once
 from reach.worker.sweeps import skip_when_unavailable
 
 log = logging.getLogger("reach.tasks.probing")

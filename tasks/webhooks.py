@@ -7,10 +7,10 @@ from typing import Any
 
 from celery import shared_task
 
-from reach.core.retry import RetryPolicy, backoff_delay, should_retry
-from reach.core.webhooks import Answer
+from reach.core.delivery.retry import RetryPolicy, backoff_delay, should_retry
+from reach.core.notify.approval_webhook import Answer
 from reach.errors import HubUnavailable
-from reach.hub import approval_webhook
+from reach.hub.notify import approval_webhook
 from reach.worker.process_random import process_random
 
 log = logging.getLogger("reach.tasks.webhooks")

@@ -19,7 +19,7 @@ from rich.console import Console
 
 from reach.cli.options import ApiKeyOption, HubOption, err_console, fail
 from reach.cli.rendering import approval_lines, approvals_table
-from reach.core.statuses import ApprovalStatus
+from reach.core.ledger.statuses import ApprovalStatus
 from reach.errors import ReachError
 
 __all__ = ["approvals_app"]

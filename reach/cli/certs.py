@@ -60,7 +60,7 @@ def init(
     directory: DirOption = None,
 ) -> None:
     """Create the hub CA and the hub's client certificate."""
-    from reach.hub.certs import init_ca
+    from reach.hub.security.certs import init_ca
 
     where = _certs_dir(directory)
     try:
@@ -97,7 +97,7 @@ def issue(
     directory: DirOption = None,
 ) -> None:
     """Issue an agent certificate and key signed by the hub CA."""
-    from reach.hub.certs import DEFAULT_HOSTS, issue_agent_cert
+    from reach.hub.security.certs import DEFAULT_HOSTS, issue_agent_cert
 
     where = _certs_dir(directory)
     try:

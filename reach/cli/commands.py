@@ -33,8 +33,8 @@ from reach.cli.rendering import (
     task_lines,
 )
 from reach.cli.sessions import sessions_app
-from reach.core.priority import WORKER_QUEUES
-from reach.core.trust import TrustLevel
+from reach.core.flow.priority import WORKER_QUEUES
+from reach.core.security.trust import TrustLevel
 from reach.errors import ConfigError, NoSuitableAgent, ReachError
 
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ def _announce_semantic(ctx: Any) -> None:
 
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
-    for name in ("reach.hub.matching", "reach.hub.embeddings"):
+    for name in ("reach.hub.fleet.matching", "reach.hub.fleet.embeddings"):
         logger = logging.getLogger(name)
         logger.setLevel(logging.INFO)
         logger.addHandler(handler)
@@ -103,7 +103,7 @@ def _announce_semantic(ctx: Any) -> None:
     except ConfigError as exc:  # escaped: "[semantic]" is no markup
         err_console.print(f"[red]configuration error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
-    log = logging.getLogger("reach.hub.matching")
+    log = logging.getLogger("reach.hub.fleet.matching")
     if semantic.on:
         log.info("semantic matching is on: %s", semantic.reason)
     else:
@@ -175,7 +175,7 @@ def api(
     ctx = HubContext.from_settings(settings)
     _announce_semantic(ctx)
     bind = host or settings.server.host
-    from reach.core.auth import auth_required
+    from reach.core.security.auth import auth_required
     from reach.hub.api.edge import EdgeLimits
     from reach.hub.api.serve import serve_together, uvicorn_options
 
@@ -798,7 +798,7 @@ def dag_run(
 
     from rich.live import Live
 
-    from reach.core.dags import dag_format, load_dag
+    from reach.core.orchestration.dags import dag_format, load_dag
     from reach.sdk.hub_client import HubClient
 
     try:

@@ -22,7 +22,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from reach.core.auth import Scope, parse_secret
+from reach.core.security.auth import Scope, parse_secret
 from reach.errors import ConfigError, ReachError
 
 if TYPE_CHECKING:  # the store is opened by the commands that need it, not at start-up
@@ -119,7 +119,7 @@ def create(
     ] = None,
 ) -> None:
     """Create an API key; its secret is printed once, on the last line."""
-    from reach.hub import apikeys, audit
+    from reach.hub.security import apikeys, audit
 
     if scope is Scope.AGENT and not (agent_id or "").strip():
         _die("--scope agent needs --agent-id (an agent ID or a glob such as 'doc-*')", BAD_INPUT)
@@ -182,7 +182,7 @@ def list_(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
 ) -> None:
     """List API keys (never their secrets)."""
-    from reach.hub import apikeys
+    from reach.hub.security import apikeys
 
     with _store() as session:
         views = apikeys.list_keys(session, time.time())
@@ -240,7 +240,7 @@ def allow(
 ) -> None:
     """Set what an agent key's agents may declare (the lists given replace the old ones;
     a registration beyond them is refused with 403 until an admin allows it here)."""
-    from reach.hub import apikeys, audit
+    from reach.hub.security import apikeys, audit
 
     if not (capability or tag or clear):
         _die("give --capability and/or --tag patterns, or --any", BAD_INPUT)
@@ -276,7 +276,7 @@ def revoke(
     key_id: Annotated[str, typer.Argument(help="The key's id (see `reach keys list`)")],
 ) -> None:
     """Revoke an API key; the hub refuses it from the next request on."""
-    from reach.hub import apikeys, audit
+    from reach.hub.security import apikeys, audit
 
     key_id = key_id.strip()
     from_secret = parse_secret(key_id)
@@ -317,8 +317,8 @@ def rotate_signing(
     ] = False,
 ) -> None:
     """Publish a new key for reach tokens; the old one stays published until its tokens end."""
-    from reach.hub import audit, signing
-    from reach.hub.sealing import SealKey
+    from reach.hub.security import audit, signing
+    from reach.hub.security.sealing import SealKey
     from reach.hub.settings import load_settings
 
     try:

@@ -40,7 +40,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from reach.cli.flower import flower_supported
-from reach.core.auth import auth_required, is_loopback_host, parse_secret
+from reach.core.security.auth import auth_required, is_loopback_host, parse_secret
 from reach.hub.settings import Settings
 from reach.hub.storage import upgrade_database
 
@@ -300,8 +300,8 @@ class DemoKeys:
     key_ids: list[str] = field(default_factory=list)
 
     def create(self, database_url: str, agent_ids: list[str]) -> None:
-        from reach.core.auth import Scope
-        from reach.hub import apikeys, audit
+        from reach.core.security.auth import Scope
+        from reach.hub.security import apikeys, audit
 
         now = time.time()
         with self._session(database_url) as session:
@@ -333,7 +333,7 @@ class DemoKeys:
     def revoke(self, database_url: str) -> None:
         if not self.key_ids:
             return
-        from reach.hub import apikeys, audit
+        from reach.hub.security import apikeys, audit
 
         now = time.time()
         with self._session(database_url) as session:

@@ -17,20 +17,21 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from reach.errors import HubUnavailable, ReachError, RegistrationConflict
-from reach.hub import approval_webhook, callbacks, registry
-from reach.hub.approvals import ApprovalPolicy
 from reach.hub.clock import Clock, SystemClock
 from reach.hub.delivery.policy import DeliveryPolicy
-from reach.hub.embeddings.backend import folder_problem
-from reach.hub.embeddings.backends.minilm import MiniLM, MiniLMInt8, folder_model
-from reach.hub.ledger import Publish, mark_published, unmark_published
-from reach.hub.matching import Matcher
-from reach.hub.monitoring import Policy
-from reach.hub.sealing import SealKey
+from reach.hub.fleet import registry
+from reach.hub.fleet.embeddings.backend import folder_problem
+from reach.hub.fleet.embeddings.backends.minilm import MiniLM, MiniLMInt8, folder_model
+from reach.hub.fleet.matching import Matcher
+from reach.hub.fleet.reachability import Policy
+from reach.hub.flow.shared_counts import SharedCounts
+from reach.hub.gates.approvals import ApprovalPolicy
+from reach.hub.ledger.tasks import Publish, mark_published, unmark_published
+from reach.hub.ledger.wakeups import CompletionBus
+from reach.hub.notify import approval_webhook, callbacks
+from reach.hub.security.sealing import SealKey
 from reach.hub.settings import Settings
-from reach.hub.shared_counts import SharedCounts
 from reach.hub.storage import create_engine_for, read_session_factory, session_factory
-from reach.hub.wakeups import CompletionBus
 
 if TYPE_CHECKING:
     from reach.worker.publisher import Publisher
@@ -85,7 +86,8 @@ class HubContext:
 
     @cached_property
     def seal(self) -> SealKey:
-        """The seal key of secrets at rest and the dashboard's cookies (`reach.hub.sealing`):
+        """The seal key of secrets at rest and the dashboard's cookies
+        (`reach.hub.security.sealing`):
         ``security.seal_key``, else ``<storage.home>/seal.key``."""
         configured = self.settings.security.seal_key
         secret = configured.get_secret_value() if configured is not None else None
@@ -97,7 +99,7 @@ class HubContext:
 
     @cached_property
     def matcher(self) -> Matcher:
-        """Semantic capability matching (`reach.hub.matching`); the model loads on first
+        """Semantic capability matching (`reach.hub.fleet.matching`); the model loads on first
         use, so building this costs a look for the packages and nothing more."""
         router = self.settings.router
         backend: type[MiniLM] = MiniLMInt8 if router.semantic_quantize else MiniLM

@@ -42,7 +42,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from reach.core.durations import DurationError, in_unit
+from reach.core.ops.durations import DurationError, in_unit
 from reach.errors import ConfigError
 
 ENV_PREFIX = "REACH_"
@@ -255,7 +255,7 @@ class RouterSettings(_Section):
     republish_grace: Seconds = Field(
         10.0, gt=0, description="overdue this long: message presumed lost"
     )
-    # per-instance circuit breaker (reach.core.breaker); min_volume 0 disables opening
+    # per-instance circuit breaker (reach.core.flow.breakers); min_volume 0 disables opening
     breaker_window: WholeSeconds = Field(
         10, ge=1, le=3600, description="seconds of outcomes counted"
     )
@@ -316,7 +316,7 @@ class RouterSettings(_Section):
     loop_alert_window: Seconds = Field(
         300.0, gt=0, le=86400, description="seconds of reaches the dependency-loop alert counts"
     )
-    # semantic capability matching (reach.core.matching, reach.hub.matching)
+    # semantic capability matching (reach.core.fleet.matching, reach.hub.fleet.matching)
     semantic: Literal["auto", "on", "off"] = Field(
         "auto", description="auto: on when agent-reach[semantic] is installed; on: required"
     )
@@ -356,7 +356,7 @@ class RouterSettings(_Section):
 
 
 class ScoreSettings(_Section):
-    """ReachScore weights and bounds; validated by ``reach.core.scoring.ScoreConfig``."""
+    """ReachScore weights and bounds; validated by ``reach.core.fleet.scoring.ScoreConfig``."""
 
     heartbeat_weight: float = 50.0
     rtt_weight: float = 30.0
@@ -370,7 +370,7 @@ class ScoreSettings(_Section):
 
     @model_validator(mode="after")
     def _valid_score(self) -> ScoreSettings:
-        from reach.core.scoring import ScoreConfig, ScoreConfigError
+        from reach.core.fleet.scoring import ScoreConfig, ScoreConfigError
 
         try:
             ScoreConfig(**self.model_dump())
@@ -380,7 +380,8 @@ class ScoreSettings(_Section):
 
 
 class BeatSettings(_Section):
-    """The beat lock: one beat sends periodic tasks, the others stand by (``reach.hub.leases``).
+    """The beat lock: one beat sends periodic tasks, the others stand by
+    (``reach.hub.storage.leases``).
 
     A standby takes over at most ``lock_lease_s + lock_poll_s`` after the active beat died.
     """
@@ -399,7 +400,7 @@ class BeatSettings(_Section):
 
 
 class DagSettings(_Section):
-    """The beat sweep of DAG runs whose canvas died (``reach.core.dags.sweep``)."""
+    """The beat sweep of DAG runs whose canvas died (``reach.core.orchestration.dags.sweep``)."""
 
     sweep_interval: Seconds = Field(5.0, gt=0, le=3600, description="seconds between sweeps")
     sweep_margin: Seconds = Field(
@@ -411,7 +412,7 @@ class DagSettings(_Section):
 
 
 class RetentionSettings(_Section):
-    """The beat clean-up (``reach.hub.retention``): finished records older than ``days`` go,
+    """The beat clean-up (``reach.hub.ops.retention``): finished records older than ``days`` go,
     in batches of ``batch_size`` rows, at most ``batches`` per kind of record each sweep."""
 
     days: Days = Field(30.0, gt=0, description="finished records older than this are deleted")
@@ -440,7 +441,7 @@ class SecuritySettings(_Section):
     """Who may reach whom (README, "Security").
 
     ``require_auth`` unset means: required whenever the API listens beyond loopback
-    (``reach.core.auth.auth_required``); the loopback-only demo may run open.
+    (``reach.core.security.auth.auth_required``); the loopback-only demo may run open.
     """
 
     require_auth: bool | None = Field(None, description="API keys required; unset: by bind")
@@ -457,14 +458,15 @@ class SecuritySettings(_Section):
     )
     # failed authentications (bearer keys, the dashboard's sign-in) per client address:
     # this many within the window lock the address out (429, Retry-After) until the oldest
-    # leaves it (reach.core.lockout)
+    # leaves it (reach.core.security.lockout)
     auth_failures_max: int = Field(
         30, ge=1, le=100_000, description="failed authentications that lock an address out"
     )
     auth_failures_window_s: Seconds = Field(
         60.0, gt=0, le=86400, description="the window auth_failures_max is counted over"
     )
-    # secrets at rest (reach.hub.sealing): unset, <storage.home>/seal.key (made on first use)
+    # secrets at rest (reach.hub.security.sealing): unset, <storage.home>/seal.key (made on
+    # first use)
     seal_key: SecretStr | None = Field(
         None, description="base64url of 32 bytes; every hub process needs the same one"
     )
@@ -483,7 +485,7 @@ class SecuritySettings(_Section):
     @field_validator("agent_networks")
     @classmethod
     def _networks(cls, value: list[str]) -> list[str]:
-        from reach.core.networks import parse_networks
+        from reach.core.security.networks import parse_networks
 
         return [str(n) for n in parse_networks(value)]
 
@@ -513,7 +515,7 @@ class RegistrySettings(_Section):
 
 
 class ApprovalSettings(_Section):
-    """The approval gate (``reach.hub.approvals``): which tasks wait for a human, how long.
+    """The approval gate (``reach.hub.gates.approvals``): which tasks wait for a human, how long.
 
     A capability declaring ``require_approval`` or ``danger_level: high`` always waits;
     ``capabilities`` adds fnmatch patterns of methods or capabilities (``payments.*``).
@@ -571,7 +573,7 @@ class SessionSettings(_Section):
 
 class CallbackSettings(_Section):
     """Callbacks (``send(..., callback_url=)``): the hub POSTs a task's result, signed, to
-    the caller's URL (``reach.hub.callbacks``), at least once, then dead-letters it."""
+    the caller's URL (``reach.hub.notify.callbacks``), at least once, then dead-letters it."""
 
     allow_private: bool = Field(
         False, description="allow loopback and private callback URLs (link-local: never)"
@@ -619,7 +621,7 @@ class ExchangeSettings(_Section):
 
 
 class A2aSettings(_Section):
-    """Agent2Agent interop (``reach.hub.a2a``): A2A agents registered by their card and
+    """Agent2Agent interop (``reach.hub.interop.a2a``): A2A agents registered by their card and
     reached like any agent, and every hub agent served as an A2A agent under ``/a2a``."""
 
     card_refresh_s: Seconds = Field(

@@ -48,9 +48,9 @@ from urllib.parse import unquote, urlsplit
 from cachetools import LRUCache
 from pydantic import ValidationError
 
-from reach.core.endpoints import parse_endpoint, refusal
-from reach.core.names import name_refusal
-from reach.core.sessions import CLOSED_SESSIONS_HEADER, parse_closed
+from reach.core.fleet.endpoints import parse_endpoint, refusal
+from reach.core.fleet.names import name_refusal
+from reach.core.gates.sessions import CLOSED_SESSIONS_HEADER, parse_closed
 from reach.errors import (
     HubUnavailable,
     InvalidRegistration,
@@ -59,7 +59,6 @@ from reach.errors import (
     StaleReport,
     UnknownInstance,
 )
-from reach.schemas import Capability, DeregisterRequest, HeartbeatRequest, RegisterRequest
 from reach.sdk import sessions as liveness
 from reach.sdk.caller import progress_call, result_call
 from reach.sdk.dedup import (
@@ -83,6 +82,7 @@ from reach.sdk.running import (
 from reach.sdk.shared_dedup import SharedIdempotencyGuard, is_shared_url
 from reach.sdk.tls import LISTEN_BACKLOG, TLSConfig, TLSHTTPServer
 from reach.sdk.tokens import TokenVerifier
+from reach.wire.schemas import Capability, DeregisterRequest, HeartbeatRequest, RegisterRequest
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor

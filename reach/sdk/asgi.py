@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from reach.core.endpoints import parse_endpoint
+from reach.core.fleet.endpoints import parse_endpoint
 from reach.sdk.dispatch import MAX_REQUEST_BYTES, TOO_LARGE, Reply, TaskCall, dispatch
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from reach.core.callbacks import CALLBACK_TYP
+from reach.core.notify.callbacks import CALLBACK_TYP
 from reach.sdk.webhooks import verify_signed
 
 __all__ = ["verify_callback"]

@@ -31,8 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from reach.core.names import name_refusal
-from reach.core.statuses import TERMINAL, TaskStatus
+from reach.core.fleet.names import name_refusal
+from reach.core.ledger.statuses import TERMINAL, TaskStatus
 from reach.errors import (
     ApprovalExpired,
     ApprovalRejected,
@@ -211,7 +211,7 @@ def send_call(
 
 
 def _check_method(method: str | None) -> None:
-    """A method is a name, not a path (`reach.core.names`): refused here, before it is
+    """A method is a name, not a path (`reach.core.fleet.names`): refused here, before it is
     sent, as the hub would refuse it."""
     if isinstance(method, str) and (why := name_refusal(method)) is not None:
         raise InvalidTaskRequest(why, field="method")

@@ -12,7 +12,7 @@ answers the retry from the first run instead of running the handler again.
 
 A lost socket is redialled after a jittered, doubling pause (0.2 s up to 10 s), so a
 fleet whose hub restarts does not come back in one wave. Frames are JSON
-(``reach.core.channel``); the WebSocket's own pings keep idle NAT mappings alive.
+(``reach.core.interop.channel``); the WebSocket's own pings keep idle NAT mappings alive.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.sync.client import ClientConnection, connect
 
-from reach.core.channel import FROM_HUB, MAX_FRAME_BYTES, FrameError, encode, parse
+from reach.core.interop.channel import FROM_HUB, MAX_FRAME_BYTES, FrameError, encode, parse
 from reach.errors import (
     Forbidden,
     HubUnavailable,

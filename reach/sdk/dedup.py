@@ -36,7 +36,7 @@ from typing import Any
 
 from cachetools import TTLCache
 
-from reach.core import envelope
+from reach.core.delivery import envelope
 
 log = logging.getLogger("reach.sdk.dedup")
 

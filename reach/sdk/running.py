@@ -51,7 +51,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from reach.core import envelope
+from reach.core.delivery import envelope
 from reach.errors import BusinessError, HubUnavailable, ReachError, StaleReport
 from reach.sdk import trace
 

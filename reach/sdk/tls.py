@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
 from typing import Any
 
-from reach.core.trust import HUB_URI
+from reach.core.security.trust import HUB_URI
 from reach.errors import InvalidRegistration
 
 log = logging.getLogger("reach.sdk.tls")

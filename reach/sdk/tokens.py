@@ -1,6 +1,6 @@
 """An agent's check of the reach token on every delivery, before its handler runs.
 
-The hub signs a token into each delivery (``reach.core.tokens``). `TokenVerifier` checks
+The hub signs a token into each delivery (``reach.core.security.tokens``). `TokenVerifier` checks
 it: the signature against the hub's published keys (EdDSA only: never ``none``, never an
 HS* secret guessed from a public key), then the claims (``aud`` is this agent, not
 expired, ``task_id`` and ``attempt_seq`` are the body's, ``method`` the one posted to,
@@ -38,8 +38,8 @@ from typing import Any
 import jwt
 from cachetools import TLRUCache
 
-from reach.core.auth import bearer_of
-from reach.core.tokens import ALGORITHM, DEFAULT_LEEWAY_S, body_digest, check_claims
+from reach.core.security.auth import bearer_of
+from reach.core.security.tokens import ALGORITHM, DEFAULT_LEEWAY_S, body_digest, check_claims
 from reach.errors import ReachError
 from reach.sdk.hub_client import HubClient
 

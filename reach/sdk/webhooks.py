@@ -1,7 +1,8 @@
 """Checking that an approval webhook really comes from the hub, before acting on it.
 
 The hub signs each webhook body with its current Ed25519 key: a detached compact JWS in
-the ``Reach-Signature`` header (format: ``reach.core.webhooks``). A receiver passes the
+the ``Reach-Signature`` header (format: ``reach.core.notify.approval_webhook``). A receiver passes
+the
 raw body bytes it received (not a re-serialised copy) and the header to
 `verify_webhook`, with the hub's JWKS or the hub's URL to fetch it from, and gets the
 parsed body back; anything else raises `InvalidSignature`, and the body must then be
@@ -18,8 +19,8 @@ import requests
 from cryptography.exceptions import InvalidSignature as _BadSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from reach.core.tokens import ALGORITHM
-from reach.core.webhooks import b64url_decode, signing_input, split_detached
+from reach.core.notify.approval_webhook import b64url_decode, signing_input, split_detached
+from reach.core.security.tokens import ALGORITHM
 from reach.errors import HubUnavailable, InvalidSignature
 
 __all__ = ["JWKS_PATH", "verify_webhook"]

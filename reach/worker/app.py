@@ -32,7 +32,7 @@ _reporters: list[SlotReporter] = []
 
 @signals.worker_ready.connect  # type: ignore[untyped-decorator]
 def _report_slots(sender: Any = None, **_: Any) -> None:
-    """The worker's places count toward the hub's (background's share: reach.hub.priority):
+    """The worker's places count toward the hub's (background's share: reach.hub.flow.priority):
     each of its processes keeps up to ``exchanges.max_in_flight`` exchanges in flight."""
     places = slots_of(sender) * settings.exchanges.max_in_flight
     reporter = SlotReporter(settings.storage.resolved_database_url, str(sender.hostname), places)

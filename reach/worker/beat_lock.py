@@ -32,11 +32,11 @@ from celery import Celery
 from celery.beat import Scheduler
 from celery.utils.log import get_logger
 
-from reach.core.lease import LeaseDecision, Outcome
+from reach.core.ops.lease import LeaseDecision, Outcome
 from reach.errors import HubUnavailable
-from reach.hub.leases import LeaseStore
 from reach.hub.settings import Settings
 from reach.hub.storage import create_engine_for
+from reach.hub.storage.leases import LeaseStore
 from reach.worker.consumer import RECONNECT_INTERVAL_S
 
 logger = get_logger(__name__)

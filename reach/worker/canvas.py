@@ -1,6 +1,6 @@
 """DAG runs on Celery's canvas: each level of the plan is a group, consecutive groups make
 chords, and a final task closes the run. This is the one domain-side module that knows
-Celery; the plan it compiles is pure (``reach.core.dags.compile_plan``).
+Celery; the plan it compiles is pure (``reach.core.orchestration.dags.compile_plan``).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 from celery import chain, group
 
-from reach.core.dags import Plan
+from reach.core.orchestration.dags import Plan
 
 
 def canvas(app: Any, run_id: str, plan: Plan, from_level: int = 0) -> Any:

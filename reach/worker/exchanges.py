@@ -14,14 +14,14 @@ import os
 import threading
 from dataclasses import dataclass
 
-from reach.hub.breakers import Breakers
 from reach.hub.delivery.exchanger import Exchanger
 from reach.hub.delivery.loop import LoopThread
 from reach.hub.delivery.pipeline import Pipeline
 from reach.hub.delivery.transports import AgentTransport, HubTls
-from reach.hub.loops import LoopGuard
-from reach.hub.registry import CandidateCache
-from reach.hub.signing import Signer
+from reach.hub.fleet.registry import CandidateCache
+from reach.hub.flow.breakers import Breakers
+from reach.hub.flow.loops import LoopGuard
+from reach.hub.security.signing import Signer
 from reach.worker.process_random import process_random
 
 log = logging.getLogger("reach.worker.exchanges")

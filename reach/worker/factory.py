@@ -13,7 +13,7 @@ from typing import Any
 
 from celery import Celery
 
-from reach.core.priority import WORKER_QUEUES
+from reach.core.flow.priority import WORKER_QUEUES
 from reach.hub.settings import Settings
 from reach.worker import redis_broker
 from reach.worker.beat_lock import CONFIG_KEY, BeatLockConfig

@@ -11,9 +11,9 @@ from typing import Any
 
 from kombu.exceptions import ChannelError
 
-from reach.core.priority import BACKGROUND_QUEUE, ONLINE_QUEUE
-from reach.hub.approval_webhook import WEBHOOK_TASK
-from reach.hub.ledger import Publish
+from reach.core.flow.priority import BACKGROUND_QUEUE, ONLINE_QUEUE
+from reach.hub.ledger.tasks import Publish
+from reach.hub.notify.approval_webhook import WEBHOOK_TASK
 
 log = logging.getLogger("reach.worker.publisher")
 DELIVER_TASK = "reach.deliver"
@@ -49,7 +49,8 @@ class Publisher:
         return True
 
     def publish_webhook(self, approval_id: str) -> bool:
-        """Queue one approval's webhook (``reach.hub.approval_webhook``); False if refused."""
+        """Queue one approval's webhook (``reach.hub.notify.approval_webhook``); False if
+        refused."""
         try:
             self.app.send_task(
                 WEBHOOK_TASK,

@@ -1,7 +1,7 @@
 """Each worker reports its places to the store, so background work knows its share.
 
 Background deliveries may hold ``router.background_share`` of the hub's exchange places
-while online work waits (``reach.hub.priority``); the hub's places are what the running
+while online work waits (``reach.hub.flow.priority``); the hub's places are what the running
 workers report: each pool process keeps up to ``exchanges.max_in_flight`` exchanges in
 flight (``reach.hub.delivery.exchanger``). A worker's main process reports them when it is ready and
 every ``HEARTBEAT_S`` after, from a daemon thread with a connection of its own (no pool:
@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
-from reach.hub.priority import HEARTBEAT_S, forget_slots, record_slots
+from reach.hub.flow.priority import HEARTBEAT_S, forget_slots, record_slots
 from reach.hub.storage import create_engine_for, session_factory
 
 log = logging.getLogger("reach.worker.slots")

@@ -24,11 +24,11 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import reach
-from reach.core.webhooks import SIGNATURE_HEADER, Answer
-from reach.hub import approval_webhook
-from reach.hub.sealing import SealKey
+from reach.core.notify.approval_webhook import SIGNATURE_HEADER, Answer
+from reach.hub.notify import approval_webhook
+from reach.hub.security.sealing import SealKey
+from reach.hub.security.signing import public_jwk
 from reach.hub.settings import ApprovalSettings
-from reach.hub.signing import public_jwk
 from reach.hub.storage import create_engine_for, session_factory
 from tests.conftest import Stack, free_port, wait_until
 from tests.support.counting_agent import CountingAgentProcess

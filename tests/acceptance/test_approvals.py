@@ -21,7 +21,7 @@ import pytest
 import requests
 from sqlalchemy import MetaData, select
 
-from reach.core.auth import Scope
+from reach.core.security.auth import Scope
 from reach.hub.storage import create_engine_for
 from tests.conftest import (
     HubProcess,

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import requests
 
-from reach.core.auth import Scope
-from reach.hub import apikeys
+from reach.core.security.auth import Scope
+from reach.hub.security import apikeys
 from reach.hub.storage import create_engine_for, session_factory
 from tests.conftest import HubProcess, Stack, free_port, hub_env, wait_http_ok, wait_until
 from tests.support.trust_agents import Key, TrustAgent, api, make_key, online

@@ -28,7 +28,7 @@ import pytest
 import requests
 from sqlalchemy import MetaData, select, update
 
-from reach.core.auth import Scope
+from reach.core.security.auth import Scope
 from reach.hub.storage import create_engine_for
 from tests.conftest import Stack, free_port, wait_until
 from tests.support.counting_agent import CountingAgentProcess

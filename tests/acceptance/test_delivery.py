@@ -14,7 +14,7 @@ import pytest
 import requests
 
 import reach
-from reach.core.retry import RetryPolicy, delay_bounds
+from reach.core.delivery.retry import RetryPolicy, delay_bounds
 from tests.conftest import AgentProcess, Stack, hub_env, wait_until
 
 STACK_SETTINGS = {

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, select
 
-from reach.core.auth import Scope
+from reach.core.security.auth import Scope
 from reach.hub.storage import create_engine_for
 from reach.hub.storage.models import AuditRow, TaskRow
 from tests.conftest import REPO, Stack, free_port, wait_until

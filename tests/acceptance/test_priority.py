@@ -22,8 +22,9 @@ import pytest
 from sqlalchemy import select
 
 import reach
-from reach.core.priority import BACKGROUND_QUEUE
-from reach.hub import outbox, priority
+from reach.core.flow.priority import BACKGROUND_QUEUE
+from reach.hub.delivery import outbox
+from reach.hub.flow import priority
 from reach.hub.settings import ExchangeSettings
 from reach.hub.storage import create_engine_for, session_factory
 from reach.hub.storage.models import OutboxRow

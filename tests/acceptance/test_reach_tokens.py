@@ -28,9 +28,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi import FastAPI
 
 import reach
-from reach.core.tokens import body_digest, claims_for
-from reach.hub import signing
-from reach.hub.sealing import SealKey
+from reach.core.security.tokens import body_digest, claims_for
+from reach.hub.security import signing
+from reach.hub.security.sealing import SealKey
 from reach.hub.storage import create_engine_for, session_factory
 from tests.conftest import REPO, Stack, free_port, wait_until
 from tests.support import processes

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 import reach
-from reach.core.auth import Scope
-from reach.core.sessions import CLOSED_SESSIONS_HEADER, parse_closed
+from reach.core.gates.sessions import CLOSED_SESSIONS_HEADER, parse_closed
+from reach.core.security.auth import Scope
 from tests.conftest import Stack, free_port, wait_until
 from tests.support.session_agent import SessionAgentProcess
 from tests.support.trust_agents import PROBLEM, Key, api, make_key, reach_cli

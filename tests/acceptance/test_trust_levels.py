@@ -1,7 +1,7 @@
 """Trust levels and L3 allow-lists against a hub that requires API keys: every part a real
 process (api, worker, beat, SDK agents), on SQLite and PostgreSQL.
 
-Keys are created in the hub's store with `reach.hub.apikeys.create_key`; agents run as
+Keys are created in the hub's store with `reach.hub.security.apikeys.create_key`; agents run as
 their own processes (tests/acceptance/agents/trust_agent.py) with their agent key, and
 count at the agent which reaches arrived. The admin changes go through the hub's API and
 the ``reach agents`` CLI; what they and the L3 screen recorded is read from the store.
@@ -18,7 +18,7 @@ import pytest
 import requests
 from sqlalchemy import Engine, select
 
-from reach.core.auth import Scope
+from reach.core.security.auth import Scope
 from reach.hub.storage import create_engine_for, session_factory
 from reach.hub.storage.models import AgentRow, AuditRow, TaskEventRow, TaskRow
 from tests.conftest import Stack, free_port, wait_until

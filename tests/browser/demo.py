@@ -26,8 +26,8 @@ from typing import Any
 import requests
 
 from reach.cli.supervisor import DEMO_AGENTS
-from reach.core.auth import Scope
-from reach.hub import apikeys
+from reach.core.security.auth import Scope
+from reach.hub.security import apikeys
 from reach.hub.storage import create_engine_for, session_factory, upgrade_database
 from tests.conftest import REPO, Stack, free_port, start_stack, stop_stack, wait_until
 from tests.support import processes

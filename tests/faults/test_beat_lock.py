@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from reach.hub.leases import LeaseStore
 from reach.hub.storage import create_engine_for
+from reach.hub.storage.leases import LeaseStore
 from tests.conftest import HubProcess, hub_env, wait_until
 
 LEASE_S, RENEW_S, POLL_S = 3.0, 1.0, 0.5

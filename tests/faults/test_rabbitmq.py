@@ -23,7 +23,7 @@ import pytest
 import requests
 
 import reach
-from reach.hub.ledger import Publish
+from reach.hub.ledger.tasks import Publish
 from reach.hub.settings import load_settings
 from reach.worker.factory import create_celery
 from reach.worker.publisher import Publisher

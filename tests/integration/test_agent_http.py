@@ -11,7 +11,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from reach.core.retry import Outcome, classify
+from reach.core.delivery.retry import Outcome, classify
 from reach.hub.delivery.transports import AgentTransport
 
 Serve = Callable[[socket.socket], None]

@@ -26,7 +26,7 @@ import requests
 
 import reach
 import reach.aio as aio
-from reach.core.auth import Scope
+from reach.core.security.auth import Scope
 from reach.sdk import trace
 from reach.sdk.aio_client import loop_session, open_pools
 from tests.conftest import Stack, free_port, wait_until

@@ -1,7 +1,7 @@
 """Who may call the hub's API: API keys, scopes, agents and ownership, through a real
 ``reach api`` process with ``REACH_SECURITY__REQUIRE_AUTH=true`` on SQLite and PostgreSQL.
 
-Keys are created in the store with `reach.hub.apikeys` (as ``reach keys create`` does on
+Keys are created in the store with `reach.hub.security.apikeys` (as ``reach keys create`` does on
 the hub host). Every refusal is checked for its status and problem type, for leaving the
 store as it was (every row of every table; a forbidden attempt adds its one audit row),
 and for never echoing a secret; at the end, the API's log, the task events and every row
@@ -25,14 +25,14 @@ import requests
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
-from reach.core.auth import Scope
+from reach.core.security.auth import Scope
 from reach.errors import UnknownKey
-from reach.hub import apikeys
-from reach.hub.apikeys import CreatedKey
-from reach.hub.breakers import Breakers
 from reach.hub.context import HubContext
 from reach.hub.delivery.pipeline import deliver_attempt
 from reach.hub.delivery.transports import AgentTransport
+from reach.hub.flow.breakers import Breakers
+from reach.hub.security import apikeys
+from reach.hub.security.apikeys import CreatedKey
 from reach.hub.settings import load_settings
 from reach.hub.storage import create_engine_for
 from reach.hub.storage.models import (

@@ -19,9 +19,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, func, select
 
-from reach.hub.admission import ENVELOPE_BYTES
 from reach.hub.api import HubContext, create_app
 from reach.hub.clock import ManualClock
+from reach.hub.flow.admission import ENVELOPE_BYTES
 from reach.hub.settings import load_settings
 from reach.hub.storage import create_engine_for
 from reach.hub.storage.models import OutboxRow, TaskEventRow, TaskRow

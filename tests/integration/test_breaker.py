@@ -13,20 +13,22 @@ from prometheus_client import REGISTRY
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from reach.core.statuses import InstanceStatus
+from reach.core.ledger.statuses import InstanceStatus
 from reach.errors import CircuitOpen
-from reach.hub import monitoring, registry, submission
-from reach.hub.breakers import Breakers, claim_trial
 from reach.hub.clock import ManualClock
 from reach.hub.delivery.pipeline import deliver_attempt
 from reach.hub.delivery.policy import DeliveryPolicy
 from reach.hub.delivery.transports import AgentTransport
-from reach.hub.ledger import Publish
-from reach.hub.monitoring import Policy
+from reach.hub.fleet import reachability as monitoring
+from reach.hub.fleet import registry
+from reach.hub.fleet.reachability import Policy
+from reach.hub.flow.breakers import Breakers, claim_trial
+from reach.hub.intake import submission
+from reach.hub.ledger.tasks import Publish
 from reach.hub.settings import Settings
 from reach.hub.storage import session_factory
 from reach.hub.storage.models import InstanceEventRow, InstanceRow, TaskEventRow
-from reach.schemas import HeartbeatRequest, RegisterRequest, SubmitRequest
+from reach.wire.schemas import HeartbeatRequest, RegisterRequest, SubmitRequest
 from tests.conftest import snapshot
 from tests.support.envelope_server import EnvelopeServer
 

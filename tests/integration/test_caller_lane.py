@@ -1,7 +1,7 @@
 """A flood of callers' submits cannot take the threads agents need (`reach.hub.api.lanes`).
 
 The flood is made to wait where a real one does: every submit to an agent takes that
-agent's queue lock (`reach.hub.admission`), and here the test holds the lock, so the
+agent's queue lock (`reach.hub.flow.admission`), and here the test holds the lock, so the
 submits pile up inside their transactions. A real `reach api` on PostgreSQL; another
 agent's heartbeat must still be answered, and every submit lands once the lock is free.
 """
@@ -17,8 +17,8 @@ import psycopg
 import pytest
 import requests
 
-from reach.hub import admission
 from reach.hub.api.lanes import CallerLane, caller_tokens
+from reach.hub.flow import admission
 from tests.conftest import PG_ADMIN_DSN, wait_until
 
 FLOOD = 60  # more than the 40 threads every request shares

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from sqlalchemy import Engine
 
-from reach.core.routing import RouteFilter
-from reach.hub import registry
+from reach.core.fleet.routing import RouteFilter
 from reach.hub.clock import ManualClock
-from reach.hub.monitoring import Policy
-from reach.hub.registry import CandidateCache
+from reach.hub.fleet import registry
+from reach.hub.fleet.reachability import Policy
+from reach.hub.fleet.registry import CandidateCache
 from reach.hub.settings import Settings
 from reach.hub.storage import session_factory
-from reach.schemas import RegisterRequest
+from reach.wire.schemas import RegisterRequest
 
 POLICY = Policy.from_settings(Settings())
 

@@ -1,4 +1,4 @@
-"""The hub CA (reach.hub.certs) and the mTLS link it makes: real files, real handshakes.
+"""The hub CA (reach.hub.security.certs) and the mTLS link it makes: real files, real handshakes.
 
 The certificates are checked with cryptography's own X.509 path validation (chain, SANs,
 extended key usage), then used for real: the SDK's TLS server against the hub's delivery
@@ -22,9 +22,9 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
 
-from reach.core.trust import HUB_URI, agent_uri, identity_name
-from reach.hub.certs import init_ca, issue_agent_cert
+from reach.core.security.trust import HUB_URI, agent_uri, identity_name
 from reach.hub.delivery.transports import AgentTransport, HubTls
+from reach.hub.security.certs import init_ca, issue_agent_cert
 from reach.sdk.tls import TLSConfig, TLSHTTPServer
 
 

@@ -12,8 +12,7 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from reach.hub.storage import session_factory
-from reach.hub.wakeups import (
+from reach.hub.ledger.wakeups import (
     CHANGE_LISTENERS_TTL_S,
     MAX_CARRIED_BYTES,
     CompletionBus,
@@ -22,6 +21,7 @@ from reach.hub.wakeups import (
     channel_for,
     mark_finished,
 )
+from reach.hub.storage import session_factory
 
 pytestmark = pytest.mark.redis
 

@@ -15,15 +15,16 @@ from sqlalchemy import delete
 from sqlalchemy.orm import Session
 
 import tasks.dags
-from reach.core import dags
-from reach.core.dags import NodeStatus
+from reach.core.orchestration import dags
+from reach.core.orchestration.dags import NodeStatus
 from reach.errors import HubUnavailable, RegistrationConflict, UnknownTask
-from reach.hub import dagruns, registry
 from reach.hub.clock import ManualClock
 from reach.hub.context import HubContext
+from reach.hub.fleet import registry
+from reach.hub.orchestration import dagruns
 from reach.hub.settings import Settings
 from reach.hub.storage.models import TaskRow
-from reach.schemas import RegisterRequest
+from reach.wire.schemas import RegisterRequest
 from reach.worker.canvas import canvas
 from reach.worker.factory import create_celery
 from tests.conftest import wait_until

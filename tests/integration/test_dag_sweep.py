@@ -12,15 +12,16 @@ import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from reach.core import dags
-from reach.core.dags import NodeStatus
-from reach.hub import dagruns, registry
+from reach.core.orchestration import dags
+from reach.core.orchestration.dags import NodeStatus
 from reach.hub.clock import ManualClock
-from reach.hub.ledger import finish, load_for_update
-from reach.hub.monitoring import Policy
+from reach.hub.fleet import registry
+from reach.hub.fleet.reachability import Policy
+from reach.hub.ledger.tasks import finish, load_for_update
+from reach.hub.orchestration import dagruns
 from reach.hub.settings import Settings
 from reach.hub.storage import session_factory
-from reach.schemas import RegisterRequest
+from reach.wire.schemas import RegisterRequest
 
 SPEC = dags.parse_dag(
     {

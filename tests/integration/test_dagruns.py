@@ -6,16 +6,17 @@ from __future__ import annotations
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from reach.core import dags
-from reach.core.dags import NodeStatus
-from reach.hub import dagruns, registry
+from reach.core.orchestration import dags
+from reach.core.orchestration.dags import NodeStatus
 from reach.hub.clock import ManualClock
-from reach.hub.ledger import finish, load_for_update
-from reach.hub.monitoring import Policy
+from reach.hub.fleet import registry
+from reach.hub.fleet.reachability import Policy
+from reach.hub.ledger.tasks import finish, load_for_update
+from reach.hub.orchestration import dagruns
 from reach.hub.settings import Settings
 from reach.hub.storage import session_factory
 from reach.hub.storage.models import TaskRow
-from reach.schemas import RegisterRequest
+from reach.wire.schemas import RegisterRequest
 
 SPEC = dags.parse_dag(
     {
@@ -84,7 +85,7 @@ def test_duplicate_node_deliveries_submit_once_and_agree(engine: Engine) -> None
 def test_a_node_that_cannot_be_submitted_fails_without_raising(engine: Engine) -> None:
     sessions, clock, run_id = setup(engine)
     with sessions.begin() as s:  # the agent leaves before the run reaches it
-        from reach.schemas import DeregisterRequest
+        from reach.wire.schemas import DeregisterRequest
 
         instance = s.scalar(select(registry.InstanceRow.instance_id))
         assert instance is not None

@@ -11,18 +11,20 @@ import pytest
 from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from reach.hub import outbox, registry, submission
-from reach.hub.breakers import Breakers
 from reach.hub.clock import ManualClock
+from reach.hub.delivery import outbox
 from reach.hub.delivery.pipeline import deliver_attempt
 from reach.hub.delivery.policy import DeliveryPolicy
 from reach.hub.delivery.transports import AgentTransport
-from reach.hub.ledger import Publish
-from reach.hub.monitoring import Policy
+from reach.hub.fleet import registry
+from reach.hub.fleet.reachability import Policy
+from reach.hub.flow.breakers import Breakers
+from reach.hub.intake import submission
+from reach.hub.ledger.tasks import Publish
 from reach.hub.settings import Settings
 from reach.hub.storage import session_factory
 from reach.hub.storage.models import OutboxRow, TaskEventRow, TaskRow
-from reach.schemas import RegisterRequest, SubmitRequest
+from reach.wire.schemas import RegisterRequest, SubmitRequest
 from tests.support.envelope_server import EnvelopeServer
 
 SETTINGS = Settings.model_validate({"router": {"backoff_base": 0.5, "read_timeout": 5}})
@@ -248,8 +250,8 @@ def test_claim_after_a_lapsed_lease_counts_a_redelivery(
 def test_candidate_cache_reuses_for_its_ttl_and_forgets_on_clear(
     sessions: sessionmaker[Session], agent: EnvelopeServer
 ) -> None:
-    from reach.core.routing import RouteFilter
-    from reach.hub.registry import CandidateCache
+    from reach.core.fleet.routing import RouteFilter
+    from reach.hub.fleet.registry import CandidateCache
 
     clock = ManualClock()
     setup(sessions, clock, agent.addr)

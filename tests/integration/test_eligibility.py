@@ -15,13 +15,13 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, func, select
 
-from reach.core.routing import RouteFilter, rank
-from reach.hub import registry
+from reach.core.fleet.routing import RouteFilter, rank
 from reach.hub.api import HubContext, create_app
-from reach.hub.breakers import Breakers
 from reach.hub.clock import ManualClock
 from reach.hub.delivery.pipeline import deliver_attempt
 from reach.hub.delivery.transports import AgentTransport
+from reach.hub.fleet import registry
+from reach.hub.flow.breakers import Breakers
 from reach.hub.settings import load_settings
 from reach.hub.storage.models import TaskRow
 from tests.conftest import free_port

@@ -24,21 +24,23 @@ import pytest
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from reach.core.auth import OPEN
-from reach.hub import outbox, registry, submission
-from reach.hub import sessions as user_sessions
-from reach.hub.breakers import Breakers
+from reach.core.security.auth import OPEN
+from reach.hub.delivery import outbox
 from reach.hub.delivery.exchanger import Exchanger
 from reach.hub.delivery.pipeline import Pipeline
 from reach.hub.delivery.policy import DeliveryPolicy
 from reach.hub.delivery.routing import Dispatch
 from reach.hub.delivery.transports import AgentTransport
-from reach.hub.ledger import Publish
-from reach.hub.monitoring import Policy
+from reach.hub.fleet import registry
+from reach.hub.fleet.reachability import Policy
+from reach.hub.flow.breakers import Breakers
+from reach.hub.gates import sessions as user_sessions
+from reach.hub.intake import submission
+from reach.hub.ledger.tasks import Publish
 from reach.hub.settings import Settings
 from reach.hub.storage import session_factory
 from reach.hub.storage.models import TaskRow
-from reach.schemas import RegisterRequest, SubmitRequest
+from reach.wire.schemas import RegisterRequest, SubmitRequest
 from tests.conftest import wait_until
 
 SETTINGS = Settings.model_validate({"exchanges": {"lease_s": 1.0}})

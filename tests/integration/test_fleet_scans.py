@@ -18,13 +18,15 @@ import pytest
 from sqlalchemy import Engine, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from reach.core.routing import RouteFilter
-from reach.hub import monitoring, registry, submission
-from reach.hub.monitoring import Policy
+from reach.core.fleet.routing import RouteFilter
+from reach.hub.fleet import reachability as monitoring
+from reach.hub.fleet import registry
+from reach.hub.fleet.reachability import Policy
+from reach.hub.intake import submission
 from reach.hub.settings import Settings
 from reach.hub.storage import session_factory
 from reach.hub.storage.models import InstanceRow
-from reach.schemas import DeregisterRequest, RegisterRequest, RegisterResponse, SubmitRequest
+from reach.wire.schemas import DeregisterRequest, RegisterRequest, RegisterResponse, SubmitRequest
 
 NOW = 1_800_000_000.0
 UNRELATED = 500

@@ -30,7 +30,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 import reach
-from reach.core.retry import Outcome
+from reach.core.delivery.retry import Outcome
 from reach.errors import (
     DagError,
     HubUnavailable,
@@ -41,19 +41,21 @@ from reach.errors import (
     TaskConflict,
     TaskError,
 )
-from reach.hub import breakers, registry, submission
 from reach.hub.api import HubContext, create_app
-from reach.hub.breakers import Breakers, Ticket
 from reach.hub.clock import ManualClock
 from reach.hub.delivery.pipeline import deliver_attempt
 from reach.hub.delivery.policy import DeliveryPolicy
 from reach.hub.delivery.transports import AgentTransport
-from reach.hub.ledger import dead_letter, load_for_update
-from reach.hub.monitoring import Policy
+from reach.hub.fleet import registry
+from reach.hub.fleet.reachability import Policy
+from reach.hub.flow import breakers
+from reach.hub.flow.breakers import Breakers, Ticket
+from reach.hub.intake import submission
+from reach.hub.ledger.tasks import dead_letter, load_for_update
 from reach.hub.settings import Settings, load_settings
 from reach.hub.storage import create_engine_for, session_factory
 from reach.hub.storage.models import OutboxRow, TaskRow
-from reach.schemas import RegisterRequest, SubmitRequest
+from reach.wire.schemas import RegisterRequest, SubmitRequest
 from tests.conftest import PG_ADMIN_DSN, REPO, _fresh_store, free_port
 from tests.integration.test_registry_api import TYPE, reg
 from tests.support.envelope_server import EnvelopeServer

@@ -12,13 +12,13 @@ import pytest
 from celery import Celery
 from sqlalchemy import Engine, inspect, text
 
-from reach.core.lease import Lease, Outcome
+from reach.core.ops.lease import Lease, Outcome
 from reach.errors import HubUnavailable
 from reach.hub.clock import ManualClock
-from reach.hub.leases import LeaseStore
 from reach.hub.settings import load_settings
 from reach.hub.storage import create_engine_for
 from reach.hub.storage.engine import downgrade_database, upgrade_database
+from reach.hub.storage.leases import LeaseStore
 from reach.hub.storage.models import LeaseRow
 from reach.worker.beat_lock import LEASE_NAME, LeasedScheduler
 from reach.worker.factory import create_celery

@@ -16,22 +16,26 @@ import pytest
 from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session
 
-from reach.core import dags
-from reach.core.auth import Principal, Scope
-from reach.core.breaker import BreakerPolicy, BreakerState, Transition
-from reach.core.loops import LinkCounts
-from reach.core.paging import DagRunFilter, Page, TaskFilter
-from reach.core.statuses import DagRunStatus, TaskStatus
+from reach.core.flow.breakers import BreakerPolicy, BreakerState, Transition
+from reach.core.flow.loops import LinkCounts
+from reach.core.ledger.statuses import DagRunStatus, TaskStatus
+from reach.core.ops.paging import DagRunFilter, Page, TaskFilter
+from reach.core.orchestration import dags
+from reach.core.security.auth import Principal, Scope
 from reach.errors import Backpressure, BadCursor, InvalidQuery
-from reach.hub import admission, breakers, dagruns, ledger, monitoring, registry
-from reach.hub.alerts import KINDS, BackpressureLog, list_alerts
 from reach.hub.clock import ManualClock
 from reach.hub.context import HubContext
-from reach.hub.listings import list_dag_runs, list_tasks
-from reach.hub.loops import LinkWatch
+from reach.hub.fleet import reachability as monitoring
+from reach.hub.fleet import registry
+from reach.hub.flow import admission, breakers
+from reach.hub.flow.loops import LinkWatch
+from reach.hub.ledger import tasks as ledger
+from reach.hub.ops.alerts import KINDS, BackpressureLog, list_alerts
+from reach.hub.ops.listings import list_dag_runs, list_tasks
+from reach.hub.orchestration import dagruns
 from reach.hub.settings import load_settings
 from reach.hub.storage.models import AgentRow, DagRunRow, TaskRow
-from reach.schemas import RegisterRequest
+from reach.wire.schemas import RegisterRequest
 
 T0 = 1_800_000_000.0
 STATUSES = [TaskStatus.SUCCESS, TaskStatus.FAILED, TaskStatus.DEAD, TaskStatus.PENDING]

@@ -4,7 +4,7 @@ real ``reach api`` process with ``REACH_SECURITY__REQUIRE_AUTH=true``, on SQLite
 PostgreSQL.
 
 Keys are made with ``reach keys create`` (the CLI, against the hub's store) and
-`reach.hub.apikeys`. A caller key lists only the tasks and runs it submitted, whatever
+`reach.hub.security.apikeys`. A caller key lists only the tasks and runs it submitted, whatever
 filter it names; bad filters and forged cursors are problems, never a 500. The CLI runs
 as a subprocess in a pseudo-terminal of 80 and of 200 columns, into a pipe, and with
 ``-o json``. No worker runs: the tasks stay pending, which is all a listing needs.
@@ -33,9 +33,9 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
-from reach.core.auth import Scope
-from reach.hub import apikeys
-from reach.hub.apikeys import CreatedKey
+from reach.core.security.auth import Scope
+from reach.hub.security import apikeys
+from reach.hub.security.apikeys import CreatedKey
 from reach.hub.storage import create_engine_for
 from tests.conftest import REPO, HubProcess, free_port, hub_env, wait_http_ok
 

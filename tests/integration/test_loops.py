@@ -1,4 +1,4 @@
-"""Whose trace the loop check reads (`reach.hub.loops.derive_trace`), on SQLite and
+"""Whose trace the loop check reads (`reach.hub.flow.loops.derive_trace`), on SQLite and
 PostgreSQL, through the real API app with delivery run against real HTTP agents.
 
 The acceptance tests (tests/acceptance/test_loops.py) show agent processes stopped with
@@ -19,17 +19,18 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, update
 
-from reach.core.statuses import TaskStatus
+from reach.core.ledger.statuses import TaskStatus
 from reach.errors import LoopDetected
-from reach.hub import loops, submission
 from reach.hub.api import HubContext, create_app
-from reach.hub.breakers import Breakers
 from reach.hub.clock import ManualClock
 from reach.hub.delivery.pipeline import deliver_attempt
 from reach.hub.delivery.transports import AgentTransport
+from reach.hub.flow import loops
+from reach.hub.flow.breakers import Breakers
+from reach.hub.intake import submission
 from reach.hub.settings import load_settings
 from reach.hub.storage.models import TaskRow
-from reach.schemas import SubmitRequest
+from reach.wire.schemas import SubmitRequest
 from tests.conftest import free_port
 from tests.support.envelope_server import EnvelopeServer
 

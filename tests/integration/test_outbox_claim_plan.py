@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
-from reach.hub import outbox
+from reach.hub.delivery import outbox
 from reach.hub.storage.engine import skip_locked
 from reach.hub.storage.models import OutboxRow, TaskRow
 

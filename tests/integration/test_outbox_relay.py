@@ -13,12 +13,15 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from reach.hub import ledger, outbox, registry, submission
 from reach.hub.clock import ManualClock
 from reach.hub.context import HubContext
+from reach.hub.delivery import outbox
+from reach.hub.fleet import registry
+from reach.hub.intake import submission
+from reach.hub.ledger import tasks as ledger
 from reach.hub.settings import Settings
 from reach.hub.storage.models import OutboxRow, TaskRow
-from reach.schemas import RegisterRequest, SubmitRequest
+from reach.wire.schemas import RegisterRequest, SubmitRequest
 from reach.worker.publisher import DELIVERY_QUEUE
 from tests.conftest import free_port
 from tests.support.private_redis import PrivateRedis

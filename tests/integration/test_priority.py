@@ -1,6 +1,6 @@
 """Background yields to waiting online work, on a real store against a real agent endpoint.
 
-The decision is `reach.core.priority` (table-tested); here: what the hub measures (online
+The decision is `reach.core.flow.priority` (table-tested); here: what the hub measures (online
 tasks waiting, background deliveries in flight, the slots workers reported), the
 deferral it writes (a new attempt on ``reach.background``, no retry spent, a ``deferred``
 event, left unpublished for the outbox relay until it is due), its bound, and that every
@@ -21,20 +21,24 @@ from kombu import Queue as KombuQueue
 from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from reach.core.priority import BACKGROUND_QUEUE, ONLINE_QUEUE, WORKER_QUEUES
-from reach.hub import deadletters, outbox, priority, registry, submission
-from reach.hub.breakers import Breakers
+from reach.core.flow.priority import BACKGROUND_QUEUE, ONLINE_QUEUE, WORKER_QUEUES
 from reach.hub.clock import ManualClock
+from reach.hub.delivery import outbox
 from reach.hub.delivery.claims import claim
 from reach.hub.delivery.pipeline import deliver_attempt
 from reach.hub.delivery.policy import DeliveryPolicy
 from reach.hub.delivery.transports import AgentTransport
-from reach.hub.ledger import Publish
-from reach.hub.monitoring import Policy
+from reach.hub.fleet import registry
+from reach.hub.fleet.reachability import Policy
+from reach.hub.flow import priority
+from reach.hub.flow.breakers import Breakers
+from reach.hub.intake import submission
+from reach.hub.ledger.tasks import Publish
+from reach.hub.ops import deadletters
 from reach.hub.settings import Settings
 from reach.hub.storage import session_factory
 from reach.hub.storage.models import DeadLetterRow, OutboxRow, TaskEventRow, TaskRow
-from reach.schemas import RegisterRequest, SubmitRequest
+from reach.wire.schemas import RegisterRequest, SubmitRequest
 from reach.worker.factory import celery_config
 from tests.support.envelope_server import EnvelopeServer
 

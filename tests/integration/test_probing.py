@@ -6,15 +6,16 @@ import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from reach.core.scoring import rtt_subscore
-from reach.hub import monitoring, registry
+from reach.core.fleet.scoring import rtt_subscore
 from reach.hub.clock import ManualClock
-from reach.hub.monitoring import Policy
-from reach.hub.probing import ProbeTarget, probe_once
+from reach.hub.fleet import reachability as monitoring
+from reach.hub.fleet import registry
+from reach.hub.fleet.probing import ProbeTarget, probe_once
+from reach.hub.fleet.reachability import Policy
 from reach.hub.settings import Settings
 from reach.hub.storage import session_factory
 from reach.hub.storage.models import InstanceRow
-from reach.schemas import RegisterRequest
+from reach.wire.schemas import RegisterRequest
 from tests.support.listeners import SlowHttpListener, closed_port
 
 
@@ -59,7 +60,7 @@ def row(sessions: sessionmaker[Session], iid: str = "i-1") -> InstanceRow:
 
 
 def keep_heartbeating(sessions: sessionmaker[Session], clock: ManualClock, policy: Policy) -> None:
-    from reach.schemas import HeartbeatRequest
+    from reach.wire.schemas import HeartbeatRequest
 
     with sessions.begin() as s:
         registry.heartbeat(

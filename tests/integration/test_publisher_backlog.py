@@ -1,4 +1,4 @@
-"""The delivery queues' depth on Redis, which gates the overdue net (reach.hub.outbox).
+"""The delivery queues' depth on Redis, which gates the overdue net (reach.hub.delivery.outbox).
 
 On Redis an empty queue is no key at all, and a passive declare of it is refused: the
 depth read must take that as 0, not as "the broker cannot say". Before, an empty online
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from reach.core.priority import BACKGROUND_QUEUE, ONLINE_QUEUE
+from reach.core.flow.priority import BACKGROUND_QUEUE, ONLINE_QUEUE
 from reach.hub.delivery.policy import DeliveryPolicy
-from reach.hub.ledger import Publish
+from reach.hub.ledger.tasks import Publish
 from reach.hub.settings import load_settings
 from reach.worker.factory import create_celery
 from reach.worker.publisher import Publisher

@@ -8,8 +8,8 @@ from __future__ import annotations
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
-from reach.core.statuses import TaskStatus
-from reach.hub.admission import _QUEUES_OF, _queues
+from reach.core.ledger.statuses import TaskStatus
+from reach.hub.flow.admission import _QUEUES_OF, _queues
 from reach.hub.storage.models import AgentRow, TaskRow
 
 STATUSES = [TaskStatus.SUCCESS] * 300 + [

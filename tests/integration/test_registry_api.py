@@ -233,8 +233,8 @@ def test_deregister_hides_instance_and_refuses_its_heartbeats(client: TestClient
 
 
 def test_sweep_persists_offline(client: TestClient, engine: Engine, clock: ManualClock) -> None:
-    from reach.hub import monitoring
-    from reach.hub.monitoring import Policy
+    from reach.hub.fleet import reachability as monitoring
+    from reach.hub.fleet.reachability import Policy
     from reach.hub.settings import Settings
     from reach.hub.storage import session_factory
     from reach.hub.storage.models import InstanceEventRow
@@ -452,8 +452,8 @@ def test_a_new_incarnation_retires_an_offline_one_at_its_address(
     # an instance swept offline (its process died), then a new one at the same address:
     # the same agent restarted, and the dead one is retired, not left registered beside
     # it. Another agent is refused: the address stays the offline agent's (issue 37)
-    from reach.hub import monitoring
-    from reach.hub.monitoring import Policy
+    from reach.hub.fleet import reachability as monitoring
+    from reach.hub.fleet.reachability import Policy
     from reach.hub.settings import Settings
     from reach.hub.storage import session_factory
 

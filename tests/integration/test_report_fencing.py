@@ -17,15 +17,16 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, select
 
-from reach.hub import registry, submission
 from reach.hub.api import HubContext, create_app
-from reach.hub.breakers import Breakers
 from reach.hub.clock import ManualClock
 from reach.hub.delivery.pipeline import deliver_attempt
 from reach.hub.delivery.transports import AgentTransport
+from reach.hub.fleet import registry
+from reach.hub.flow.breakers import Breakers
+from reach.hub.intake import submission
 from reach.hub.settings import load_settings
 from reach.hub.storage.models import TaskRow
-from reach.schemas import RegisterRequest, SubmitRequest
+from reach.wire.schemas import RegisterRequest, SubmitRequest
 from tests.conftest import snapshot
 from tests.integration.test_registry_api import PROBLEM, TYPE
 from tests.support.envelope_server import EnvelopeServer

@@ -12,12 +12,14 @@ import pytest
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from reach.core.retention import RetentionPolicy
-from reach.core.statuses import InstanceStatus, TaskStatus
-from reach.hub import monitoring, registry, retention
+from reach.core.ledger.statuses import InstanceStatus, TaskStatus
+from reach.core.ops.retention import RetentionPolicy
 from reach.hub.clock import ManualClock
 from reach.hub.context import HubContext
-from reach.hub.monitoring import Policy
+from reach.hub.fleet import reachability as monitoring
+from reach.hub.fleet import registry
+from reach.hub.fleet.reachability import Policy
+from reach.hub.ops import retention
 from reach.hub.settings import Settings, load_settings
 from reach.hub.storage import session_factory
 from reach.hub.storage.models import (
@@ -40,7 +42,7 @@ from reach.hub.storage.models import (
     TaskRow,
     UiSignOutRow,
 )
-from reach.schemas import RegisterRequest
+from reach.wire.schemas import RegisterRequest
 
 pytestmark = pytest.mark.timeout(60)
 

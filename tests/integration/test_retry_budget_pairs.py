@@ -9,10 +9,10 @@ import random
 import pytest
 from sqlalchemy import Engine
 
-from reach.core.retry_budget import RetryBudget
-from reach.core.statuses import TaskStatus
-from reach.hub import retry_budget
-from reach.hub.shared_counts import SharedCounts
+from reach.core.flow.retry_budget import RetryBudget
+from reach.core.ledger.statuses import TaskStatus
+from reach.hub.flow import retry_budget
+from reach.hub.flow.shared_counts import SharedCounts
 from reach.hub.storage import session_factory
 from reach.hub.storage.models import TaskRow
 

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import Engine, event, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from reach.hub.shared_counts import SharedCounts, window_start
+from reach.hub.flow.shared_counts import SharedCounts, window_start
 from reach.hub.storage import read_session_factory, session_factory
 from reach.hub.storage.models import FlowCountRow
 from tests.conftest import wait_until
@@ -88,8 +88,8 @@ def test_breaker_streaks_stay_per_process_over_hub_wide_windows(
     """With shared windows each process still keeps its own streak: two processes seeing
     two failing tasks each open nothing at a streak of 3; a third in one of them does,
     and a success it saw ends only its own run."""
-    from reach.core.breaker import BreakerPolicy, BreakerState, Transition
-    from reach.hub.breakers import Breakers, Ticket
+    from reach.core.flow.breakers import BreakerPolicy, BreakerState, Transition
+    from reach.hub.flow.breakers import Breakers, Ticket
 
     policy = BreakerPolicy(min_volume=1000, streak=3)
     ticket = Ticket("i-1", "a", 0.0, False)

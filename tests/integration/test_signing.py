@@ -9,9 +9,9 @@ import time
 import jwt
 from sqlalchemy import Engine, func, select
 
-from reach.core.tokens import MAX_TTL_S
-from reach.hub import signing
-from reach.hub.signing import RETIRE_AFTER_S, Signer
+from reach.core.security.tokens import MAX_TTL_S
+from reach.hub.security import signing
+from reach.hub.security.signing import RETIRE_AFTER_S, Signer
 from reach.hub.storage import create_engine_for, session_factory
 from reach.hub.storage.models import SigningKeyRow
 

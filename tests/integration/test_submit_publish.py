@@ -9,12 +9,14 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from reach.hub import outbox, registry, submission
 from reach.hub.context import HubContext
-from reach.hub.ledger import Publish
+from reach.hub.delivery import outbox
+from reach.hub.fleet import registry
+from reach.hub.intake import submission
+from reach.hub.ledger.tasks import Publish
 from reach.hub.settings import Settings
 from reach.hub.storage.models import OutboxRow, TaskRow
-from reach.schemas import RegisterRequest, SubmitRequest
+from reach.wire.schemas import RegisterRequest, SubmitRequest
 from tests.conftest import free_port
 
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from reach.hub import signing
+from reach.hub.security import signing
 from reach.hub.storage import create_engine_for, session_factory
 from reach.sdk.hub_client import HubClient
 from reach.sdk.tokens import TokenVerifier

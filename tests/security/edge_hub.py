@@ -21,9 +21,9 @@ from requests.adapters import HTTPAdapter
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from reach.core.auth import Scope
-from reach.hub import apikeys
-from reach.hub.apikeys import CreatedKey
+from reach.core.security.auth import Scope
+from reach.hub.security import apikeys
+from reach.hub.security.apikeys import CreatedKey
 from reach.hub.storage import create_engine_for
 from tests.conftest import HubProcess, hub_env, wait_http_ok
 from tests.support.ports import free_port

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import requests
 
-from reach.core.auth import Scope
+from reach.core.security.auth import Scope
 from tests.conftest import Stack, free_port, wait_until
 from tests.support.counting_agent import CountingAgentProcess
 from tests.support.trust_agents import Key, api, make_key

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from reach.core.retry import Outcome, classify
+from reach.core.delivery.retry import Outcome, classify
 from reach.hub.delivery.transports import AgentHttp
 
 

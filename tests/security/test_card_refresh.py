@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from reach.core.auth import Scope
+from reach.core.security.auth import Scope
 from tests.conftest import Stack, wait_until
 from tests.support.trust_agents import Key, api, make_key
 

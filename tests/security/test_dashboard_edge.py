@@ -21,7 +21,7 @@ import pytest
 import requests
 import yaml
 
-from reach.core.auth import Scope
+from reach.core.security.auth import Scope
 from reach.hub.api.signin import COOKIE
 from reach.hub.api.ui.pages import TEMPLATES
 from tests.security.edge_hub import EdgeHub, assert_problem, csrf_of, edge_hub

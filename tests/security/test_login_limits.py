@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from reach.core.auth import Scope
+from reach.core.security.auth import Scope
 from tests.security.edge_hub import EdgeHub, assert_problem, csrf_of, edge_hub
 
 MAX, WINDOW = 5, 8

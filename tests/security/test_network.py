@@ -29,12 +29,12 @@ import pytest
 import requests
 from sqlalchemy.orm import Session
 
-from reach.core.auth import Scope
-from reach.core.networks import NetworkRule
-from reach.hub import apikeys
-from reach.hub.apikeys import CreatedKey
+from reach.core.security.auth import Scope
+from reach.core.security.networks import NetworkRule
 from reach.hub.delivery.transports import AgentHttp
-from reach.hub.probing import ProbeTarget, probe_once
+from reach.hub.fleet.probing import ProbeTarget, probe_once
+from reach.hub.security import apikeys
+from reach.hub.security.apikeys import CreatedKey
 from reach.hub.storage import create_engine_for
 from tests.conftest import (
     HubProcess,

@@ -23,7 +23,7 @@ import jwt
 import pytest
 import requests
 
-from reach.core.tokens import body_digest
+from reach.core.security.tokens import body_digest
 from tests.acceptance.test_reach_tokens import Hub, TokenAgent, create_key
 from tests.conftest import Stack, wait_until
 from tests.support.reach_tokens import bearer, encoded, mint

@@ -22,10 +22,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from reach.errors import ConfigError
-from reach.hub import signing
-from reach.hub.a2a import exchange
 from reach.hub.api.signin import COOKIE
-from reach.hub.sealing import KEY_FILE, SealKey
+from reach.hub.interop.a2a import exchange
+from reach.hub.security import signing
+from reach.hub.security.sealing import KEY_FILE, SealKey
 from reach.hub.storage.models import InstanceRow, SigningKeyRow
 from tests.conftest import wait_http_ok
 from tests.security.edge_hub import EdgeHub, csrf_of, edge_hub

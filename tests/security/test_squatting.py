@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import requests
 
-from reach.core.auth import Scope
+from reach.core.security.auth import Scope
 from tests.conftest import REPO, HubProcess, free_port, hub_env, wait_http_ok
 from tests.support.trust_agents import PROBLEM, make_key
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from reach.hub.embeddings import availability
+from reach.hub.fleet.embeddings import availability
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

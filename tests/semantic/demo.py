@@ -6,7 +6,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from reach.schemas import RegisterRequest
+from reach.wire.schemas import RegisterRequest
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "agents"
 DEMO = ("doc_analyzer", "summarizer", "sales_agent", "knowledge_agent", "chat_agent")

@@ -2,8 +2,8 @@
 agents' capabilities, 9 of them off-topic.
 
 Each intent is matched as the hub matches it: the provider embeds the texts of every
-capability (`reach.core.matching.texts_for`: type, description, examples) and the
-intent, and `reach.core.matching.rank` applies the default threshold. Top-1 accuracy is
+capability (`reach.core.fleet.matching.texts_for`: type, description, examples) and the
+intent, and `reach.core.fleet.matching.rank` applies the default threshold. Top-1 accuracy is
 printed; every off-topic intent must be refused. Both providers run: the default
 (``MiniLMInt8``, ``router.semantic_quantize``) and the full-precision model.
 
@@ -26,9 +26,9 @@ import numpy as np
 import pytest
 import yaml
 
-from reach.core.matching import DEFAULT_MARGIN, DEFAULT_THRESHOLD, Proposal, rank, texts_for
+from reach.core.fleet.matching import DEFAULT_MARGIN, DEFAULT_THRESHOLD, Proposal, rank, texts_for
 from reach.errors import NoSuitableAgent
-from reach.hub.embeddings.backends.minilm import MiniLM, MiniLMInt8
+from reach.hub.fleet.embeddings.backends.minilm import MiniLM, MiniLMInt8
 from tests.semantic.demo import declarations
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "intents.yaml"

@@ -15,12 +15,12 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, func, select
 
-from reach.core.matching import texts_digest, texts_for
+from reach.core.fleet.matching import texts_digest, texts_for
 from reach.hub.api import HubContext, create_app
 from reach.hub.clock import ManualClock
-from reach.hub.embeddings import EmbeddingBackend
-from reach.hub.embeddings.backends.minilm import MiniLM, MiniLMInt8
-from reach.hub.matching import Matcher
+from reach.hub.fleet.embeddings import EmbeddingBackend
+from reach.hub.fleet.embeddings.backends.minilm import MiniLM, MiniLMInt8
+from reach.hub.fleet.matching import Matcher
 from reach.hub.settings import load_settings
 from reach.hub.storage.models import AgentCapabilityRow, AgentRow, TaskRow
 from tests.semantic.demo import declarations, registration

@@ -10,7 +10,7 @@ from sqlalchemy import Engine
 
 from reach.hub.clock import ManualClock
 from reach.hub.context import HubContext
-from reach.hub.embeddings.backends.minilm import MiniLMInt8
+from reach.hub.fleet.embeddings.backends.minilm import MiniLMInt8
 from reach.hub.settings import load_settings
 
 

@@ -5,7 +5,7 @@ publishes at ``/.well-known/jwks.json``), so an agent that verifies tokens accep
 test sends exactly as it accepts a delivery -- or refuses it for the one claim the test
 changed (an old ``iat``, another audience, another task).
 
-A hub process seals its signing key with the seal key of its home (``reach.hub.sealing``):
+A hub process seals its signing key with the seal key of its home (``reach.hub.security.sealing``):
 give its home with the store (`HubStore`) wherever a hub process may have made the key.
 """
 
@@ -22,9 +22,9 @@ import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from reach.core.tokens import ALGORITHM, body_digest, claims_for
-from reach.hub import signing
-from reach.hub.sealing import SealKey
+from reach.core.security.tokens import ALGORITHM, body_digest, claims_for
+from reach.hub.security import signing
+from reach.hub.security.sealing import SealKey
 from reach.hub.storage import create_engine_for, session_factory
 
 

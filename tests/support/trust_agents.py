@@ -15,8 +15,8 @@ from typing import Any
 import requests
 from sqlalchemy import Engine, func, select
 
-from reach.core.auth import Scope
-from reach.hub import apikeys
+from reach.core.security.auth import Scope
+from reach.hub.security import apikeys
 from reach.hub.storage import create_engine_for, session_factory
 from reach.hub.storage.models import AuditRow
 from tests.conftest import REPO, Stack, free_port

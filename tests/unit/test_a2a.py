@@ -1,4 +1,4 @@
-"""The A2A decisions (``reach.core.a2a``): payload ↔ parts, what each answer means, the
+"""The A2A decisions (``reach.core.interop.a2a``): payload ↔ parts, what each answer means, the
 fold of a stream, what a card must declare, and the skill a message names."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from reach.core import a2a
-from reach.core.a2a import State, StreamFold, Verdict
+from reach.core.interop import a2a
+from reach.core.interop.a2a import State, StreamFold, Verdict
 
 
 @pytest.mark.parametrize(

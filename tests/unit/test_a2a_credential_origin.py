@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from reach.core.a2a import origin_of
+from reach.core.interop.a2a import origin_of
 
 
 @pytest.mark.parametrize(

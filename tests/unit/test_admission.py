@@ -1,5 +1,5 @@
-"""Admission decisions (reach.core.admission), the memory gauge's sampling and cgroup
-reading (reach.hub.memory), and the body limit's coherence with the payload cap."""
+"""Admission decisions (reach.core.flow.admission), the memory gauge's sampling and cgroup
+reading (reach.hub.flow.memory), and the body limit's coherence with the payload cap."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from reach.core.admission import (
+from reach.core.flow.admission import (
     MAX_RETRY_MS,
     MIN_RETRY_MS,
     UNKNOWN_RATE_RETRY_MS,
@@ -18,8 +18,8 @@ from reach.core.admission import (
     retry_after_ms,
     verdict,
 )
-from reach.hub.admission import ENVELOPE_BYTES, body_limit
-from reach.hub.memory import MemoryGauge, cgroup_limit
+from reach.hub.flow.admission import ENVELOPE_BYTES, body_limit
+from reach.hub.flow.memory import MemoryGauge, cgroup_limit
 from reach.hub.settings import load_settings
 
 

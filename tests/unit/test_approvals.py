@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from reach.core.approvals import (
+from reach.core.gates.approvals import (
     DECIDED,
     EXPIRED,
     NO_REASON,
@@ -16,7 +16,7 @@ from reach.core.approvals import (
     needs_approval,
     payload_hash,
 )
-from reach.core.statuses import ApprovalStatus
+from reach.core.ledger.statuses import ApprovalStatus
 
 REQUIRE = {"type": "cancel_order", "require_approval": True}
 HIGH = {"type": "cancel_order", "danger_level": "high"}

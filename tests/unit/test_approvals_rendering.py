@@ -14,7 +14,7 @@ from reach.cli.rendering import (
     approval_state_line,
     approvals_table,
 )
-from reach.core.statuses import ApprovalStatus
+from reach.core.ledger.statuses import ApprovalStatus
 
 REQUESTED = 1_767_225_600.0  # 2026-01-01 00:00:00Z
 

@@ -1,11 +1,12 @@
-"""The permission table of `reach.core.auth`: scopes x actions, agent patterns, ownership of
+"""The permission table of `reach.core.security.auth`: scopes x actions, agent patterns,
+ownership of
 tasks, when auth is required, and the shapes of credentials. Pure: no store, no sockets."""
 
 from __future__ import annotations
 
 import pytest
 
-from reach.core.auth import (
+from reach.core.security.auth import (
     OPEN,
     Action,
     Principal,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from reach.core.lease import Lease, Outcome, claim, release
+from reach.core.ops.lease import Lease, Outcome, claim, release
 from reach.errors import ConfigError
 from reach.hub.settings import load_settings
 from reach.worker.beat_lock import CONFIG_KEY, BeatLockConfig

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from reach.core.breaker import BreakerPolicy, BreakerState, Transition
-from reach.hub.breakers import Breakers, Ticket
+from reach.core.flow.breakers import BreakerPolicy, BreakerState, Transition
+from reach.hub.flow.breakers import Breakers, Ticket
 from reach.sdk.dedup import IdempotencyGuard, answer_size
 
 SMALL = BreakerPolicy(window_s=10, failure_ratio=0.5, min_volume=4, trial_interval_s=30)

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from reach.core.breaker import (
+from reach.core.delivery.retry import Outcome
+from reach.core.flow.breakers import (
     BreakerPolicy,
     BreakerPolicyError,
     BreakerState,
@@ -20,9 +21,8 @@ from reach.core.breaker import (
     state,
     trips,
 )
-from reach.core.retry import Outcome
-from reach.hub.breakers import Breakers, Ticket
 from reach.hub.delivery.policy import DeliveryPolicy
+from reach.hub.flow.breakers import Breakers, Ticket
 from reach.hub.settings import load_settings
 
 SMALL = BreakerPolicy(window_s=10, failure_ratio=0.5, min_volume=4, trial_interval_s=30)
@@ -247,7 +247,7 @@ def test_counts_slide_by_whole_seconds(now: float, expected: tuple[int, int]) ->
     assert window.counts(now) == expected
 
 
-# -- the per-process book of windows (reach.hub.breakers.Breakers, memory only) ------------------
+# -- the per-process book of windows (reach.hub.flow.breakers.Breakers, memory only) ----------
 
 
 def ticket(opened_at: float = 0.0, trial: bool = False) -> Ticket:

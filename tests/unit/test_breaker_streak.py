@@ -6,15 +6,15 @@ from typing import Any
 
 import pytest
 
-from reach.core.breaker import (
+from reach.core.flow.breakers import (
     BreakerPolicy,
     BreakerPolicyError,
     BreakerState,
     FailureStreak,
     Transition,
 )
-from reach.hub.breakers import Breakers, Ticket
 from reach.hub.delivery.policy import DeliveryPolicy
+from reach.hub.flow.breakers import Breakers, Ticket
 from reach.hub.settings import load_settings
 
 # a ratio rule that never opens at these volumes: only the streak can
@@ -109,7 +109,7 @@ def test_streak(
     assert feed(policy, events) == expected
 
 
-# -- the per-process book (reach.hub.breakers.Breakers) --------------------------------------
+# -- the per-process book (reach.hub.flow.breakers.Breakers) --------------------------------------
 
 
 def ticket(instance: str = "i-1", opened_at: float = 0.0) -> Ticket:

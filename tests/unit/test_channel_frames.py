@@ -1,4 +1,4 @@
-"""The channel's frame gate (``reach.core.channel.parse``): every refusal, table-tested."""
+"""The channel's frame gate (``reach.core.interop.channel.parse``): every refusal, table-tested."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from reach.core.channel import (
+from reach.core.interop.channel import (
     FROM_AGENT,
     FROM_HUB,
     FrameError,

@@ -1,10 +1,10 @@
-"""reach.core.charts: series to SVG path data, gaps, clamping, degenerate ranges."""
+"""reach.core.ops.charts: series to SVG path data, gaps, clamping, degenerate ranges."""
 
 from __future__ import annotations
 
 import pytest
 
-from reach.core.charts import Box, path, y_top
+from reach.core.ops.charts import Box, path, y_top
 
 BOX = Box(width=104, height=54, pad=2)  # inner 100 x 50
 

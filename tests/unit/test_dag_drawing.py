@@ -7,8 +7,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from reach.core.dags import DagSpec, NodeSpec
-from reach.core.dags.drawing import (
+from reach.core.orchestration.dags import DagSpec, NodeSpec
+from reach.core.orchestration.dags.drawing import (
     BOX_H,
     BOX_W,
     MAX_LABEL,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from beat_schedule import beat_schedule
-from reach.core.dags.sweep import RunClock, SweepAction, sweep_action
+from reach.core.orchestration.dags.sweep import RunClock, SweepAction, sweep_action
 from reach.hub.settings import Settings
 
 # created at 0, nodes may stay silent 10 s, the whole run may take 60 s; margin 5 s

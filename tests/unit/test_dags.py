@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from reach.core.dags import (
+from reach.core.orchestration.dags import (
     And,
     Compare,
     DagSpec,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from reach.core import dags
+from reach.core.orchestration import dags
 
 PACKAGE_DIR = Path(dags.__file__).resolve().parent
 
@@ -24,21 +24,22 @@ def test_no_module_beside_the_package() -> None:
 
 def test_validate_is_the_function_not_the_module() -> None:
     assert callable(dags.validate)
-    assert dags.validate.__module__ == "reach.core.dags.validation"
+    assert dags.validate.__module__ == "reach.core.orchestration.dags.validation"
 
 
 @pytest.mark.parametrize(
     ("code", "expected"),
     [
-        ("import reach.core.dags", "absent"),
+        ("import reach.core.orchestration.dags", "absent"),
         (
-            "from reach.core.dags import load_dag\n"
+            "from reach.core.orchestration.dags import load_dag\n"
             'load_dag(\'{"name": "x", "nodes": [{"id": "a", "agent_id": "a",'
             ' "method": "m"}]}\', \'json\')',
             "absent",
         ),
         (
-            "from reach.core.dags import load_dag\nload_dag('name: x\\nnodes: []\\n', 'yaml')",
+            "from reach.core.orchestration.dags import load_dag\n"
+            "load_dag('name: x\\nnodes: []\\n', 'yaml')",
             "present",
         ),
     ],

@@ -1,10 +1,11 @@
-"""What an agent key's allow-lists let its agents declare (`reach.core.auth.undeclarable`)."""
+"""What an agent key's allow-lists let its agents declare
+(`reach.core.security.auth.undeclarable`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from reach.core.auth import OPEN, Principal, Scope, undeclarable
+from reach.core.security.auth import OPEN, Principal, Scope, undeclarable
 
 
 def _key(caps: tuple[str, ...] | None, tags: tuple[str, ...] | None) -> Principal:

@@ -1,10 +1,10 @@
-"""Tables for ``reach.core.durations``: the human durations settings take."""
+"""Tables for ``reach.core.ops.durations``: the human durations settings take."""
 
 from __future__ import annotations
 
 import pytest
 
-from reach.core.durations import DurationError, in_unit, seconds_of
+from reach.core.ops.durations import DurationError, in_unit, seconds_of
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,11 @@
-"""The one eligibility rule that submission and delivery both ask (reach.core.routing)."""
+"""The one eligibility rule that submission and delivery both ask (reach.core.fleet.routing)."""
 
 from __future__ import annotations
 
 import pytest
 
-from reach.core.health import InstanceStatus
-from reach.core.routing import (
+from reach.core.fleet.health import InstanceStatus
+from reach.core.fleet.routing import (
     Candidate,
     Declaration,
     Eligible,

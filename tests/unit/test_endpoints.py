@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from reach.core.endpoints import Endpoint, inet_aton, parse_endpoint, refusal
+from reach.core.fleet.endpoints import Endpoint, inet_aton, parse_endpoint, refusal
 from reach.errors import InvalidRegistration, LoopbackAddress, RegistryError
 
 

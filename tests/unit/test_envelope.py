@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from reach.core import envelope
-from reach.core.retry import Outcome, classify
+from reach.core.delivery import envelope
+from reach.core.delivery.retry import Outcome, classify
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from reach.core.health import HeartbeatFacts, InstanceStatus, heartbeat_age, liveness
+from reach.core.fleet.health import HeartbeatFacts, InstanceStatus, heartbeat_age, liveness
 
 ONLINE = InstanceStatus.ONLINE
 OFFLINE = InstanceStatus.OFFLINE

@@ -6,9 +6,16 @@ import itertools
 
 import pytest
 
-from reach.core import lifecycle
-from reach.core.lifecycle import TRANSITIONS, TaskEvent, ending, sources_of, target_of, transition
-from reach.core.statuses import LIVE, TERMINAL, TaskStatus
+from reach.core.ledger import lifecycle
+from reach.core.ledger.lifecycle import (
+    TRANSITIONS,
+    TaskEvent,
+    ending,
+    sources_of,
+    target_of,
+    transition,
+)
+from reach.core.ledger.statuses import LIVE, TERMINAL, TaskStatus
 from reach.errors import IllegalTransition, TaskConflict
 
 S, E = TaskStatus, TaskEvent

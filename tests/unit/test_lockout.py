@@ -1,10 +1,10 @@
-"""`reach.core.lockout`: when an address is locked out, and whose failures are whose."""
+"""`reach.core.security.lockout`: when an address is locked out, and whose failures are whose."""
 
 from __future__ import annotations
 
 import pytest
 
-from reach.core.lockout import LockoutPolicy, client_key, locked_for
+from reach.core.security.lockout import LockoutPolicy, client_key, locked_for
 
 POLICY = LockoutPolicy(max_failures=3, window_s=60.0)
 

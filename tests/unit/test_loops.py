@@ -1,4 +1,4 @@
-"""The loop check and the dependency-entropy decision (`reach.core.loops`), as tables."""
+"""The loop check and the dependency-entropy decision (`reach.core.flow.loops`), as tables."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from reach.core.loops import LinkCounts, LinkVerdict, check, child_trace, cycle_of, judge_link
+from reach.core.flow.loops import LinkCounts, LinkVerdict, check, child_trace, cycle_of, judge_link
 from reach.errors import LoopDetected
 
 

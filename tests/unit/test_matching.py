@@ -1,4 +1,4 @@
-"""Tables for semantic matching's pure decisions (`reach.core.matching`): the texts a
+"""Tables for semantic matching's pure decisions (`reach.core.fleet.matching`): the texts a
 capability is matched by, the hard filters, the threshold, meaning first and then
 ReachScore and load, and the random pick between equally apt agents."""
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from reach.core.health import InstanceStatus
-from reach.core.matching import (
+from reach.core.fleet.health import InstanceStatus
+from reach.core.fleet.matching import (
     NO_INSTANCE,
     Proposal,
     Standing,
@@ -23,7 +23,7 @@ from reach.core.matching import (
     texts_digest,
     texts_for,
 )
-from reach.core.routing import Candidate, Declaration, RouteFilter
+from reach.core.fleet.routing import Candidate, Declaration, RouteFilter
 from reach.errors import NoSuitableAgent, RoutingError
 
 UP = Standing(tier=0, reach_score=95.0, load=0.0)

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from reach.core.trust import HUB_URI, agent_uri, identity_name, mtls_refusal
+from reach.core.security.trust import HUB_URI, agent_uri, identity_name, mtls_refusal
 from reach.sdk.tls import hub_peer_refusal
 
 _LABEL = re.compile(r"^[0-9a-f]{32}$")

@@ -1,4 +1,4 @@
-"""The network rule (reach.core.networks): which addresses the hub will call."""
+"""The network rule (reach.core.security.networks): which addresses the hub will call."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import ipaddress
 
 import pytest
 
-from reach.core.callbacks import url_refusal
-from reach.core.networks import NetworkRule, is_demo_hub, parse_networks
+from reach.core.notify.callbacks import url_refusal
+from reach.core.security.networks import NetworkRule, is_demo_hub, parse_networks
 
 STRICT = NetworkRule()
 DEMO = NetworkRule(loopback=True, private=True)

@@ -10,7 +10,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from reach.core.paging import (
+from reach.core.ledger.statuses import DagRunStatus, TaskStatus
+from reach.core.ops.paging import (
     DEFAULT_LIMIT,
     MAX_LIMIT,
     DagRunFilter,
@@ -27,7 +28,6 @@ from reach.core.paging import (
     parse_instant,
     parse_statuses,
 )
-from reach.core.statuses import DagRunStatus, TaskStatus
 from reach.errors import BadCursor, InvalidQuery
 
 NOW = 1_800_000_000.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from reach.core.priority import (
+from reach.core.flow.priority import (
     BACKGROUND_QUEUE,
     ONLINE_QUEUE,
     WORKER_QUEUES,

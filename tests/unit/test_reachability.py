@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from reach.core.health import InstanceStatus
-from reach.core.reachability import (
+from reach.core.fleet.health import InstanceStatus
+from reach.core.fleet.reachability import (
     DEFAULT_REACHABILITY_CONFIG,
     Alert,
     Assessment,
@@ -20,7 +20,7 @@ from reach.core.reachability import (
     next_probe_delay,
     rise_streak,
 )
-from reach.core.scoring import ProbeSample, ProbeWindow, ScoreConfig
+from reach.core.fleet.scoring import ProbeSample, ProbeWindow, ScoreConfig
 
 ONLINE = InstanceStatus.ONLINE
 DEGRADED = InstanceStatus.DEGRADED

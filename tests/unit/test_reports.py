@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from reach.core.reports import AWAITING_REPORT, Verdict, judge_report
-from reach.core.statuses import LIVE, TERMINAL, TaskStatus
+from reach.core.ledger.reports import AWAITING_REPORT, Verdict, judge_report
+from reach.core.ledger.statuses import LIVE, TERMINAL, TaskStatus
 
 S, V = TaskStatus, Verdict
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from reach.core.retention import Cutoffs, RetentionPolicy, cutoffs
+from reach.core.ops.retention import Cutoffs, RetentionPolicy, cutoffs
 
 NOW = 1_700_000_000.0
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from reach.core.retry import (
+from reach.core.delivery.retry import (
     Outcome,
     RetryPolicy,
     RetryPolicyError,

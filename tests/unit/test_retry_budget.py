@@ -1,10 +1,10 @@
-"""The retry budget's arithmetic (reach.core.retry_budget): ratio, floor, window, waits."""
+"""The retry budget's arithmetic (reach.core.flow.retry_budget): ratio, floor, window, waits."""
 
 from __future__ import annotations
 
 import pytest
 
-from reach.core.retry_budget import (
+from reach.core.flow.retry_budget import (
     MIN_WAIT_S,
     RetryBudget,
     RetryBudgetError,

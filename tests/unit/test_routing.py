@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from reach.core.health import InstanceStatus
-from reach.core.routing import (
+from reach.core.fleet.health import InstanceStatus
+from reach.core.fleet.routing import (
     Candidate,
     RouteFilter,
     choose,

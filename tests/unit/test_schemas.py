@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from reach.schemas import Capability, HeartbeatRequest, RegisterRequest
+from reach.wire.schemas import Capability, HeartbeatRequest, RegisterRequest
 
 # -- Capability ----------------------------------------------------------------------------
 

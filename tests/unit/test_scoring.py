@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from reach.core.scoring import (
+from reach.core.fleet.scoring import (
     DEFAULT_SCORE_CONFIG,
     DEFAULT_WINDOW_SIZE,
     ProbeSample,

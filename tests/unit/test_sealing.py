@@ -1,4 +1,4 @@
-"""`reach.hub.sealing`: what a seal key seals opens only with it, for the same row."""
+"""`reach.hub.security.sealing`: what a seal key seals opens only with it, for the same row."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from reach.errors import ConfigError
-from reach.hub.sealing import KEY_FILE, SEALED_PREFIX, SealKey, is_sealed
+from reach.hub.security.sealing import KEY_FILE, SEALED_PREFIX, SealKey, is_sealed
 
 KEY = SealKey(b"k" * 32)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from reach.errors import ConfigError
-from reach.hub.embeddings.backend import availability, folder_problem
+from reach.hub.fleet.embeddings.backend import availability, folder_problem
 from reach.hub.settings import load_settings
 
 MEAN = {"word_embedding_dimension": 512, "pooling_mode_mean_tokens": True}

@@ -1,4 +1,4 @@
-"""Session liveness decisions (``reach.core.sessions``): state from row and clock, TTLs,
+"""Session liveness decisions (``reach.core.gates.sessions``): state from row and clock, TTLs,
 what closing cancels, who may see a session, the heartbeat header."""
 
 from __future__ import annotations
@@ -7,9 +7,7 @@ import math
 
 import pytest
 
-from reach.core.auth import OPEN, Principal, Scope
-from reach.core.lifecycle import TaskEvent, sources_of
-from reach.core.sessions import (
+from reach.core.gates.sessions import (
     CANCELLED_ON_CLOSE,
     IN_FLIGHT,
     SessionState,
@@ -22,7 +20,9 @@ from reach.core.sessions import (
     resolve_ttl,
     state_of,
 )
-from reach.core.statuses import TERMINAL, TaskStatus
+from reach.core.ledger.lifecycle import TaskEvent, sources_of
+from reach.core.ledger.statuses import TERMINAL, TaskStatus
+from reach.core.security.auth import OPEN, Principal, Scope
 from reach.errors import InvalidTaskRequest
 
 

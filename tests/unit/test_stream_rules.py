@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from reach.core.streams import (
+from reach.core.ledger.streams import (
     broadcast_transitions,
     dag_transitions,
     parse_last_event_id,

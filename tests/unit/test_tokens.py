@@ -1,4 +1,5 @@
-"""The reach token's claims and the agent's decision on them (reach.core.tokens), as tables."""
+"""The reach token's claims and the agent's decision on them
+(reach.core.security.tokens), as tables."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from reach.core.tokens import MAX_TTL_S, REQUIRED, body_digest, check_claims, claims_for
+from reach.core.security.tokens import MAX_TTL_S, REQUIRED, body_digest, check_claims, claims_for
 
 NOW = 1_700_000_000.0
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from reach.core.trust import (
+from reach.core.security.trust import (
     NO_RULES,
     AllowList,
     TrustLevel,

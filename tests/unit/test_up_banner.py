@@ -8,7 +8,7 @@ import pytest
 
 from reach.cli.flower import flower_refusal, flower_supported
 from reach.cli.supervisor import banner_lines
-from reach.core.auth import new_secret
+from reach.core.security.auth import new_secret
 from reach.hub.settings import load_settings
 
 HUB = "http://127.0.0.1:8800"

@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import reach
-from reach.core.webhooks import (
+from reach.core.notify.approval_webhook import (
     Answer,
     address_refusal,
     answer_of,
@@ -20,8 +20,8 @@ from reach.core.webhooks import (
     request_body,
     split_detached,
 )
-from reach.hub.approval_webhook import sign, url_refusal
-from reach.hub.signing import public_jwk
+from reach.hub.notify.approval_webhook import sign, url_refusal
+from reach.hub.security.signing import public_jwk
 
 APPROVAL = {
     "approval_id": "ap-1",

@@ -9,7 +9,7 @@ SSE framing) is ``a2a-sdk``'s own dispatcher; `HubRequestHandler` answers its ca
 with the hub's tasks:
 
 * ``SendMessage``: the message becomes a task (skill: ``metadata.skill``, or the only
-  one; payload from the parts, ``reach.core.a2a.payload_of``) submitted like ``POST
+  one; payload from the parts, ``reach.core.interop.a2a.payload_of``) submitted like ``POST
   /v1/tasks`` — routing, retries, breaker, dead letters and idempotency behind it (the
   same caller resending a message ID reaches the same task). Blocking (the default)
   waits up to ``a2a.send_wait_s`` for its end; the A2A task's ID is the hub's task ID.
@@ -62,18 +62,25 @@ from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
-from reach.core import a2a as rules
-from reach.core.auth import Principal, may_cancel_task
-from reach.core.priority import queue_for
-from reach.core.statuses import TERMINAL, TaskStatus
+from reach.core.flow.priority import queue_for
+from reach.core.interop import a2a as rules
+from reach.core.ledger.statuses import TERMINAL, TaskStatus
+from reach.core.security.auth import Principal, may_cancel_task
 from reach.errors import ReachError, UnknownTask
-from reach.hub import approvals, streams
-from reach.hub.ledger import Publish, finish, load_for_update, record_event, task_view
-from reach.hub.longpoll import long_poll
+from reach.hub.gates import approvals
+from reach.hub.ledger import streams
+from reach.hub.ledger.longpoll import long_poll
+from reach.hub.ledger.tasks import (
+    Publish,
+    finish,
+    load_for_update,
+    record_event,
+    task_view,
+)
 from reach.hub.storage.models import AgentCapabilityRow, AgentRow
-from reach.schemas import SubmitRequest
+from reach.wire.schemas import SubmitRequest
 
-log = logging.getLogger("reach.hub.a2a")
+log = logging.getLogger("reach.hub.interop.a2a")
 
 _NOT_YOURS = "not-yours"  # CancelTask by a principal that may read the task, not end it
 

@@ -1,7 +1,7 @@
 """Memory admission at the HTTP edge: new submits answer 503 while the process is over.
 
 ``POST /v1/tasks``, ``POST /v1/broadcasts`` and ``POST /api/v1/dag-runs`` are refused
-before their body is read (`reach.hub.memory.MemoryGauge` says when); reads, result and
+before their body is read (`reach.hub.flow.memory.MemoryGauge` says when); reads, result and
 progress reports and heartbeats go on, since they are how queued work drains.
 """
 
@@ -10,11 +10,11 @@ from __future__ import annotations
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from reach.core.admission import MEMORY_RETRY_AFTER_S
+from reach.core.flow.admission import MEMORY_RETRY_AFTER_S
 from reach.errors import HubOverloaded
 from reach.hub import metrics
 from reach.hub.api.problems import PROBLEM_JSON
-from reach.hub.memory import MemoryGauge
+from reach.hub.flow.memory import MemoryGauge
 
 SUBMIT_PATHS = frozenset({"/v1/tasks", "/v1/broadcasts", "/api/v1/dag-runs"})
 """New work: refused under memory pressure."""

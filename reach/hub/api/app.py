@@ -13,11 +13,11 @@ from fastapi.responses import JSONResponse, Response
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from reach.core import paging
-from reach.core.auth import Action, Principal, auth_required, is_loopback_host
-from reach.core.health import InstanceStatus
-from reach.core.networks import NetworkRule
-from reach.hub import admission, approvals, loops, metrics, monitoring, registry, sessions, signing
+from reach.core.fleet.health import InstanceStatus
+from reach.core.ops import paging
+from reach.core.security.auth import Action, Principal, auth_required, is_loopback_host
+from reach.core.security.networks import NetworkRule
+from reach.hub import metrics
 from reach.hub.api import links
 from reach.hub.api.admission import MemoryAdmissionMiddleware
 from reach.hub.api.auth import AuthMiddleware, check_declarable, demand_agent, require
@@ -41,11 +41,16 @@ from reach.hub.api.routes.streams import dag_stream_router, stream_router
 from reach.hub.api.routes.tasks import Intake, dead_letter_router, task_router
 from reach.hub.api.ui.router import install_ui
 from reach.hub.context import HubContext
-from reach.hub.memory import MemoryGauge
-from reach.hub.monitoring import agent_rule
-from reach.hub.streams import StreamHub
-from reach.hub.wakeups import Waiters
-from reach.schemas import (
+from reach.hub.fleet import reachability as monitoring
+from reach.hub.fleet import registry
+from reach.hub.fleet.reachability import agent_rule
+from reach.hub.flow import admission, loops
+from reach.hub.flow.memory import MemoryGauge
+from reach.hub.gates import approvals, sessions
+from reach.hub.ledger.streams import StreamHub
+from reach.hub.ledger.wakeups import Waiters
+from reach.hub.security import signing
+from reach.wire.schemas import (
     DeregisterRequest,
     HeartbeatRequest,
     HeartbeatResponse,
@@ -77,9 +82,9 @@ def create_app(
 ) -> FastAPI:
     """The API, with authentication required or not: ``require_auth`` as resolved by
     whoever knows the bind address (``reach api``), else from the settings against
-    ``server.host`` (`reach.core.auth.auth_required`). ``bind_host``: where it listens,
+    ``server.host`` (`reach.core.security.auth.auth_required`). ``bind_host``: where it listens,
     if not ``server.host``: with auth off and a loopback bind it is a local demo, which
-    takes loopback and private agent addresses (`reach.core.networks`)."""
+    takes loopback and private agent addresses (`reach.core.security.networks`)."""
     security, server = ctx.settings.security, ctx.settings.server
     if require_auth is None:
         require_auth = auth_required(security.require_auth, bind_host or server.host)
@@ -110,7 +115,7 @@ def create_app(
     app.state.ctx = ctx
     app.state.require_auth = require_auth
     install_problem_handlers(app)
-    # the body limit covers the payload cap (reach.hub.admission.body_limit); memory
+    # the body limit covers the payload cap (reach.hub.flow.admission.body_limit); memory
     # admission refuses a submit before its body is read
     # inside the body limit, which bounds what it reads: NUL and NaN never reach a route
     app.add_middleware(InputGuardMiddleware)
@@ -293,7 +298,7 @@ def _admin_router(ctx: HubContext) -> APIRouter:
 
     @router.get("/links")
     def agent_links() -> dict[str, Any]:
-        """Agent links suspected of a dependency loop (`reach.hub.loops`), demoted first."""
+        """Agent links suspected of a dependency loop (`reach.hub.flow.loops`), demoted first."""
         with ctx.reading() as session:
             return {"links": loops.list_links(session, ctx.clock.now())}
 

@@ -6,7 +6,7 @@ valid credential is refused with 401 whatever it carries) and leaves the princip
 
     def submit(principal: Annotated[Principal, Depends(require(Action.SUBMIT))]) ...
 
-and check ownership with `reach.core.auth` (`may_act_for`, `may_read_task`), refusing
+and check ownership with `reach.core.security.auth` (`may_act_for`, `may_read_task`), refusing
 with `forbidden` (403) or `not_yours` (logged, then the route's usual 404).
 
 An open hub (``require_auth`` off) gives a request without credentials the `OPEN`
@@ -38,7 +38,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from reach.core.auth import (
+from reach.core.security.auth import (
     OPEN,
     Action,
     Principal,
@@ -48,13 +48,14 @@ from reach.core.auth import (
     undeclarable,
 )
 from reach.errors import Forbidden, ReachError, TooManyAuthFailures, Unauthenticated
-from reach.hub import apikeys, audit, metrics
+from reach.hub import metrics
 from reach.hub.api import signin
 from reach.hub.api.lockout import AuthLockout
 from reach.hub.api.problems import PROBLEM_JSON
-from reach.hub.apikeys import Refusal
 from reach.hub.context import HubContext
-from reach.schemas import RegisterRequest
+from reach.hub.security import apikeys, audit
+from reach.hub.security.apikeys import Refusal
+from reach.wire.schemas import RegisterRequest
 
 log = logging.getLogger("reach.security")
 
@@ -63,7 +64,7 @@ log = logging.getLogger("reach.security")
 # browsable pages (``/docs``, ``/redoc``) are not served then at all (`reach.hub.api.app`).
 OPEN_PATHS = frozenset({"/healthz", "/.well-known/jwks.json"})
 
-INTERNAL_CHANNEL = "/internal/channel/"  # reach.hub.channel.INTERNAL_PREFIX
+INTERNAL_CHANNEL = "/internal/channel/"  # reach.hub.interop.channel.INTERNAL_PREFIX
 MISSING = "an API key is required: send 'Authorization: Bearer <key>'"
 MALFORMED = "malformed Authorization header: expected 'Bearer <key>'"
 LOCKED_OUT = "too many failed authentications from this address: try again in {seconds} s"

@@ -1,5 +1,5 @@
 """The API process's record of failed authentications per client address
-(`reach.core.lockout` decides; this keeps the times).
+(`reach.core.security.lockout` decides; this keeps the times).
 
 In memory, per API process: nothing is written for a failure (a table anyone could grow
 at hundreds of rows a second is an attack of its own), and the record is bounded
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 
-from reach.core.lockout import LockoutPolicy, client_key, locked_for
+from reach.core.security.lockout import LockoutPolicy, client_key, locked_for
 from reach.hub.settings import Settings
 
 MAX_CLIENTS = 10_000

@@ -8,7 +8,7 @@ it would have expired: a copy of the cookie is worthless after the sign-out), an
 the key's row afresh, so revoking (or expiring) the key signs its sessions out on the very
 next request.
 
-The MAC key is a key of its own, derived from the hub's seal key (``reach.hub.sealing``):
+The MAC key is a key of its own, derived from the hub's seal key (``reach.hub.security.sealing``):
 not the token-signing key (a key that signs reach tokens signs nothing else) and not
 anything the database holds, so a copy of the database cannot forge a session. Every API
 process with the same seal key accepts the same cookies; a new seal key signs everyone
@@ -32,9 +32,9 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
-from reach.core import auth
-from reach.core.auth import Principal, Scope
-from reach.hub.sealing import SealKey
+from reach.core.security import auth
+from reach.core.security.auth import Principal, Scope
+from reach.hub.security.sealing import SealKey
 from reach.hub.storage.models import ApiKeyRow, UiSignOutRow
 
 COOKIE = "reach_ui"

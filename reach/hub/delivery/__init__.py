@@ -11,6 +11,6 @@
 * ``reports``    — agents' late results and progress.
 
 The task-record primitives they share with the rest of the hub are below them, in
-``reach.hub.ledger``. Import from the modules; this package re-exports nothing, so
+``reach.hub.ledger.tasks``. Import from the modules; this package re-exports nothing, so
 importing one of them never loads the rest.
 """

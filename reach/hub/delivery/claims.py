@@ -20,13 +20,13 @@ from typing import Any
 from sqlalchemy import bindparam, case, func, update
 from sqlalchemy.orm import Session
 
-from reach.core import lifecycle
-from reach.core.lifecycle import TaskEvent
-from reach.core.priority import ONLINE
-from reach.core.statuses import TaskStatus
+from reach.core.flow.priority import ONLINE
+from reach.core.ledger import lifecycle
+from reach.core.ledger.lifecycle import TaskEvent
+from reach.core.ledger.statuses import TaskStatus
 from reach.hub.delivery.policy import DeliveryPolicy
-from reach.hub.ledger import TASKS as _T
-from reach.hub.ledger import status_in
+from reach.hub.ledger.tasks import TASKS as _T
+from reach.hub.ledger.tasks import status_in
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +46,7 @@ class Claimed:
     instance_id: str | None
     retries: int
     caller: str | None = None  # who submitted it (``tasks.caller``): the token's ``sub``
-    priority: str = ONLINE  # online | background (``reach.core.priority``)
+    priority: str = ONLINE  # online | background (``reach.core.flow.priority``)
 
 
 _SECONDS = _T.c.timeout_ms / 1000.0

@@ -40,18 +40,18 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from reach.core import a2a as a2a_rules
-from reach.core.answers import AgentAnswer
-from reach.core.channel import redacted
-from reach.core.networks import NetworkRule
+from reach.core.delivery.answers import AgentAnswer
+from reach.core.interop import a2a as a2a_rules
+from reach.core.interop.channel import redacted
+from reach.core.security.networks import NetworkRule
 from reach.errors import HubUnavailable
-from reach.hub import breakers as breaker_store
-from reach.hub import sessions as user_sessions
 from reach.hub.delivery.claims import renew
 from reach.hub.delivery.pipeline import Pipeline
 from reach.hub.delivery.routing import Dispatch
 from reach.hub.delivery.transports import AgentTransport, Exchanged, ProgressSink
-from reach.hub.ledger import Publish
+from reach.hub.flow import breakers as breaker_store
+from reach.hub.gates import sessions as user_sessions
+from reach.hub.ledger.tasks import Publish
 
 log = logging.getLogger("reach.hub.delivery.exchanger")
 

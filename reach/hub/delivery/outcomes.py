@@ -13,18 +13,18 @@ import random
 
 from sqlalchemy.orm import Session
 
-from reach.core import a2a as a2a_rules
-from reach.core import lifecycle
-from reach.core.answers import AgentAnswer, declared_message, described_body
-from reach.core.channel import redacted
-from reach.core.lifecycle import TaskEvent
-from reach.core.retry import Outcome, backoff_delay, business_message
-from reach.core.statuses import TaskStatus
-from reach.hub import breakers as breaker_store
-from reach.hub.a2a import exchange as a2a_exchange
+from reach.core.delivery.answers import AgentAnswer, declared_message, described_body
+from reach.core.delivery.retry import Outcome, backoff_delay, business_message
+from reach.core.interop import a2a as a2a_rules
+from reach.core.interop.channel import redacted
+from reach.core.ledger import lifecycle
+from reach.core.ledger.lifecycle import TaskEvent
+from reach.core.ledger.statuses import TaskStatus
 from reach.hub.delivery.policy import DeliveryPolicy
 from reach.hub.delivery.routing import Dispatch
-from reach.hub.ledger import (
+from reach.hub.flow import breakers as breaker_store
+from reach.hub.interop.a2a import exchange as a2a_exchange
+from reach.hub.ledger.tasks import (
     Publish,
     dead_letter,
     defer_attempt,

@@ -23,27 +23,29 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from reach.core import a2a as a2a_rules
-from reach.core.auth import ANONYMOUS
-from reach.core.priority import BACKGROUND
-from reach.core.retry import Outcome, classify
-from reach.hub import breakers as breaker_store
-from reach.hub import metrics, registry, retry_budget
-from reach.hub import priority as priority_gate
-from reach.hub import sessions as user_sessions
-from reach.hub.a2a import PROTOCOL as PROTOCOL_A2A
-from reach.hub.a2a import exchange as a2a_exchange
-from reach.hub.breakers import Breakers
+from reach.core.delivery.retry import Outcome, classify
+from reach.core.flow.priority import BACKGROUND
+from reach.core.interop import a2a as a2a_rules
+from reach.core.security.auth import ANONYMOUS
+from reach.hub import metrics
 from reach.hub.delivery.claims import claim
 from reach.hub.delivery.outcomes import record_outcome
 from reach.hub.delivery.policy import DeliveryPolicy
 from reach.hub.delivery.routing import Dispatch, route, wait_for_breakers, wait_for_budget
 from reach.hub.delivery.transports import AgentTransport, Exchanged
-from reach.hub.ledger import Publish, fail_transient, load_for_update, succeed
-from reach.hub.loops import LinkWatch, caller_agent
-from reach.hub.monitoring import Policy
-from reach.hub.shared_counts import SharedCounts
-from reach.hub.signing import Signer
+from reach.hub.fleet import registry
+from reach.hub.fleet.reachability import Policy
+from reach.hub.flow import breakers as breaker_store
+from reach.hub.flow import priority as priority_gate
+from reach.hub.flow import retry_budget
+from reach.hub.flow.breakers import Breakers
+from reach.hub.flow.loops import LinkWatch, caller_agent
+from reach.hub.flow.shared_counts import SharedCounts
+from reach.hub.gates import sessions as user_sessions
+from reach.hub.interop.a2a import PROTOCOL as PROTOCOL_A2A
+from reach.hub.interop.a2a import exchange as a2a_exchange
+from reach.hub.ledger.tasks import Publish, fail_transient, load_for_update, succeed
+from reach.hub.security.signing import Signer
 from reach.hub.storage.outage import database_outage
 
 
@@ -57,7 +59,7 @@ class Pipeline:
     mints the attempts' reach tokens (``dpolicy.sign_deliveries``; without one, one is
     made per attempt, reading the key). ``shared`` (the process's hub-wide counts)
     makes the breakers' windows hub-wide and enables the per-target retry budget
-    (``reach.hub.retry_budget``); without it, neither."""
+    (``reach.hub.flow.retry_budget``); without it, neither."""
 
     sessions: sessionmaker[Session]
     now: Callable[[], float]

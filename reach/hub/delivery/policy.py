@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from reach.core.breaker import BreakerPolicy
-from reach.core.priority import PriorityPolicy
-from reach.core.retry import RetryPolicy
-from reach.core.retry_budget import RetryBudget
-from reach.hub.sealing import SealKey
+from reach.core.delivery.retry import RetryPolicy
+from reach.core.flow.breakers import BreakerPolicy
+from reach.core.flow.priority import PriorityPolicy
+from reach.core.flow.retry_budget import RetryBudget
+from reach.hub.security.sealing import SealKey
 from reach.hub.settings import Settings
 from reach.hub.storage.models import TaskRow
 
@@ -34,7 +34,7 @@ class DeliveryPolicy:
     retry_budget: RetryBudget = field(default_factory=RetryBudget)  # re-sends per target
     priority: PriorityPolicy = field(default_factory=PriorityPolicy)  # background yields
     approval_patterns: tuple[str, ...] = ()  # approval.capabilities: gated whoever declares
-    seal: SealKey | None = None  # opens the signing key (reach.hub.sealing): HubContext's
+    seal: SealKey | None = None  # opens the signing key (reach.hub.security.sealing): HubContext's
 
     @classmethod
     def from_settings(cls, settings: Settings) -> DeliveryPolicy:

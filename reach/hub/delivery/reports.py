@@ -1,7 +1,7 @@
 """What agents report about the tasks they took: a late result after a 202 (or a
 transient failure of the accepted work), and progress (which keeps the task alive).
 
-Reports are fenced like deliveries (``reach.core.reports``): only the attempt the task
+Reports are fenced like deliveries (``reach.core.ledger.reports``): only the attempt the task
 waits on, from the instance it went to, may decide it; anything else is recorded as a
 ``report_refused`` event and comes back as a `StaleReport`.
 """
@@ -15,11 +15,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from reach.core.reports import Verdict, judge_report
-from reach.core.statuses import TaskStatus
+from reach.core.ledger.reports import Verdict, judge_report
+from reach.core.ledger.statuses import TaskStatus
 from reach.errors import StaleReport, UnknownTask
 from reach.hub.delivery.policy import DeliveryPolicy
-from reach.hub.ledger import (
+from reach.hub.ledger.tasks import (
     Publish,
     fail_transient,
     finish,
@@ -49,7 +49,7 @@ def record_report(
 
     True if it decided the task; False if the task had its terminal result already (the
     report is kept as a ``duplicate_result`` event). A report for another attempt or from
-    another instance (``reach.core.reports``) changes nothing but a ``report_refused``
+    another instance (``reach.core.ledger.reports``) changes nothing but a ``report_refused``
     event, and comes back as the `StaleReport` to raise once this transaction committed
     (raising here would roll the record back with it). A ``transient`` failure report
     fails the attempt as a 5xx answer would: the retry to publish after commit comes

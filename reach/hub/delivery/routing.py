@@ -2,7 +2,7 @@
 
 `route` filters the live candidates (the task's agent, tags, capability and rules; a
 broadcast's pinned instance; no agent already on the task's path; L3 screening), picks
-one by ReachScore (``reach.core.routing``) whose breaker lets it through, assigns it in
+one by ReachScore (``reach.core.fleet.routing``) whose breaker lets it through, assigns it in
 the claim's transaction and records the ``dispatched`` event. What comes back is the
 `Dispatch`: everything the exchange needs, so it runs with no store at hand.
 """
@@ -16,23 +16,30 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from reach.core import params_schema
-from reach.core.approvals import needs_approval
-from reach.core.breaker import recovery_share
-from reach.core.channel import shown_endpoint
-from reach.core.routing import Candidate, RouteFilter, choose_excluding
-from reach.core.statuses import ApprovalStatus
-from reach.core.trust import is_l3
+from reach.core.fleet import params_schema
+from reach.core.fleet.routing import Candidate, RouteFilter, choose_excluding
+from reach.core.flow.breakers import recovery_share
+from reach.core.gates.approvals import needs_approval
+from reach.core.interop.channel import shown_endpoint
+from reach.core.ledger.statuses import ApprovalStatus
+from reach.core.security.trust import is_l3
 from reach.errors import NoSuitableAgent
-from reach.hub import breakers as breaker_store
-from reach.hub import registry, trust
-from reach.hub.a2a import PROTOCOL as PROTOCOL_A2A
-from reach.hub.a2a.exchange import Peer, peer_of
-from reach.hub.breakers import Ticket
 from reach.hub.delivery.claims import ASSIGN, Claimed
 from reach.hub.delivery.policy import DeliveryPolicy
-from reach.hub.ledger import Publish, defer_attempt, insert_event, load_for_update, schedule_retry
-from reach.hub.monitoring import Policy
+from reach.hub.fleet import registry
+from reach.hub.fleet.reachability import Policy
+from reach.hub.flow import breakers as breaker_store
+from reach.hub.flow.breakers import Ticket
+from reach.hub.interop.a2a import PROTOCOL as PROTOCOL_A2A
+from reach.hub.interop.a2a.exchange import Peer, peer_of
+from reach.hub.ledger.tasks import (
+    Publish,
+    defer_attempt,
+    insert_event,
+    load_for_update,
+    schedule_retry,
+)
+from reach.hub.security import trust
 from reach.hub.storage.models import ApprovalRow, TaskRow
 
 
@@ -237,7 +244,7 @@ class _Gate:
 def wait_for_budget(
     session: Session, claimed: Claimed, now: float, agent_id: str, delay: float
 ) -> Publish:
-    """A re-send beyond its target's retry budget waits (``reach.hub.retry_budget``):
+    """A re-send beyond its target's retry budget waits (``reach.hub.flow.retry_budget``):
     deferred and checked again when it fires; no retry or deferral spent, not a failure."""
     task = load_for_update(session, claimed.task_id)
     assert task is not None

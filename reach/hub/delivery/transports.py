@@ -8,9 +8,9 @@
   handshake). An L1 target the hub cannot reach that way (``http://``, no hub
   certificates) is never contacted: its answer is ``refused``, a terminal failure;
 * `ChannelTransport` — agents behind NAT: the same POST, to the API replica that holds
-  the agent's WebSocket (``reach.hub.channel``), which forwards it as a frame;
+  the agent's WebSocket (``reach.hub.interop.channel``), which forwards it as a frame;
 * `A2ATransport` — A2A agents: a JSON-RPC ``SendMessage`` (streaming when the card says
-  so) under the card's security scheme (``reach.hub.a2a.exchange``).
+  so) under the card's security scheme (``reach.hub.interop.a2a.exchange``).
 
 `AgentTransport` chooses one per attempt (`AgentTransport.exchange`) and owns what they
 share: an aiohttp session per event loop, the body cap, the hub's TLS material.
@@ -18,7 +18,7 @@ Measured before choosing (``python -m bench.exchanges``): 2,000 exchanges in fli
 once cost aiohttp 0.4 ms of CPU each, requests on 2,000 threads 1.1 ms, gevent 0.7 ms
 and httpx's async client 11 ms. Foreign exceptions stop here: callers get
 `AgentAnswer` (``status``, ``body``) or (None, ``error``), which
-``reach.core.retry.classify`` turns into an outcome. Redirects are never followed.
+``reach.core.delivery.retry.classify`` turns into an outcome. Redirects are never followed.
 """
 
 from __future__ import annotations
@@ -36,15 +36,15 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import aiohttp
 
-from reach.core import a2a as a2a_rules
-from reach.core.answers import AgentAnswer
-from reach.core.channel import INTERNAL_PATH
-from reach.core.networks import NetworkRule
-from reach.core.trust import identity_name, mtls_refusal
-from reach.hub.a2a import PROTOCOL as PROTOCOL_A2A
-from reach.hub.a2a.exchange import Peer, envelope_of
+from reach.core.delivery.answers import AgentAnswer
+from reach.core.interop import a2a as a2a_rules
+from reach.core.interop.channel import INTERNAL_PATH
+from reach.core.security.networks import NetworkRule
+from reach.core.security.trust import identity_name, mtls_refusal
 from reach.hub.delivery.loop import LoopThread
-from reach.hub.networks import AddressRefusedError, GuardedResolver, literal_refusal
+from reach.hub.interop.a2a import PROTOCOL as PROTOCOL_A2A
+from reach.hub.interop.a2a.exchange import Peer, envelope_of
+from reach.hub.security.networks import AddressRefusedError, GuardedResolver, literal_refusal
 from reach.hub.settings import Settings
 from reach.sdk.stream import parse_sse
 
@@ -108,8 +108,8 @@ class AgentHttp:
     rule, one deadline for the whole exchange, a capped body, no redirects, no proxies
     from the environment.
 
-    ``network``: the addresses agents may be called at (`reach.core.networks`), judged
-    as each connection is made (`reach.hub.networks.GuardedResolver`); None: any (tools
+    ``network``: the addresses agents may be called at (`reach.core.security.networks`), judged
+    as each connection is made (`reach.hub.security.networks.GuardedResolver`); None: any (tools
     and tests; the worker always passes the hub's rule). A POST may name another rule
     (a callback's) or none (the hub's own replicas, for the channel)."""
 

@@ -26,12 +26,12 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from reach.core.statuses import LIVE
+from reach.core.ledger.statuses import LIVE
 
 LIVE_STATUSES = tuple(sorted(s.value for s in LIVE))
 LIVE_TASK = "status IN (" + ", ".join(f"'{s}'" for s in LIVE_STATUSES) + ")"
 """A task in delivery's hands, as SQL: the predicate of ``ix_tasks_agent_live``. The
-queue count spells its statuses as the same literals (`reach.hub.admission`): a query
+queue count spells its statuses as the same literals (`reach.hub.flow.admission`): a query
 whose statuses are bound parameters cannot be proven to match it under a generic plan."""
 
 OPEN_CLAIM = "claimed_at IS NOT NULL"
@@ -95,7 +95,7 @@ class AgentCapabilityRow(Base):
         String(128), ForeignKey("agents.agent_id", ondelete="CASCADE"), primary_key=True
     )
     capability: Mapped[str] = mapped_column(String(128), primary_key=True)
-    # semantic matching (reach.hub.matching): the vectors of the capability's texts, one
+    # semantic matching (reach.hub.fleet.matching): the vectors of the capability's texts, one
     # float32 row per text, and the digest of the model and texts they were made from
     embedding_digest: Mapped[str | None] = mapped_column(String(64))
     embedding: Mapped[bytes | None] = mapped_column(LargeBinary)
@@ -161,7 +161,8 @@ class InstanceRow(Base):
     in_flight_rise_streak: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     alerts: Mapped[list[str]] = mapped_column(JSON, default=list, server_default="[]")
     status_reason: Mapped[str] = mapped_column(Text, default="", server_default="")
-    # circuit breaker (reach.core.breaker): out of the routing pool while now < breaker_open_until
+    # circuit breaker (reach.core.flow.breakers): out of the routing pool while
+    # now < breaker_open_until
     breaker_open_until: Mapped[float | None] = mapped_column(Double, nullable=True)
     breaker_opened_at: Mapped[float | None] = mapped_column(Double, nullable=True)
     # when a successful trial closed it: the instance's share ramps up from there
@@ -205,7 +206,7 @@ class TaskRow(Base):
             info={"dialects": {"postgresql"}},  # for autogenerate (`in_schema_of`)
         ).ddl_if(dialect="postgresql"),
         Index("ix_tasks_session_status", "session_id", "status"),  # a closed session's reaches
-        # is online work waiting? (``reach.hub.priority``, asked by background deliveries)
+        # is online work waiting? (``reach.hub.flow.priority``, asked by background deliveries)
         Index("ix_tasks_priority_status", "priority", "status", "next_attempt_at"),
         Index("ix_tasks_created", "created_at", "id"),  # the operator's list, newest first
         Index("ix_tasks_remote_status", "status", "remote_task_id"),  # A2A tasks followed
@@ -242,7 +243,7 @@ class TaskRow(Base):
     finished_at: Mapped[float | None] = mapped_column(Double, nullable=True, index=True)
     callback_url: Mapped[str | None] = mapped_column(String(512), nullable=True)
     max_retry: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    # the authenticated identity that submitted it (``reach.core.auth.Principal.identity``)
+    # the authenticated identity that submitted it (``reach.core.security.auth.Principal.identity``)
     caller: Mapped[str | None] = mapped_column(String(160), nullable=True)
     # online | background: which delivery queue its attempts go to
     priority: Mapped[str] = mapped_column(String(16), default="online", server_default="online")
@@ -360,7 +361,7 @@ class BroadcastRow(Base):
 
 
 class LeaseRow(Base):
-    """A named single-holder lease (``reach.core.lease``): e.g. the one active beat."""
+    """A named single-holder lease (``reach.core.ops.lease``): e.g. the one active beat."""
 
     __tablename__ = "leases"
 
@@ -486,7 +487,7 @@ class SessionRow(Base):
 
 
 class FlowCountRow(Base):
-    """One second's count of one hub-wide window (``reach.hub.shared_counts``)."""
+    """One second's count of one hub-wide window (``reach.hub.flow.shared_counts``)."""
 
     __tablename__ = "flow_counts"
     __table_args__ = (Index("ix_flow_counts_bucket", "bucket"),)

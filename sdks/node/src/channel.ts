@@ -45,7 +45,7 @@ export function refusalError(code: string, message: string): ReachError {
 
 type Frame = Record<string, unknown> & { type: string };
 
-/** One received frame, checked (as `reach.core.channel.parse`); null for anything else. */
+/** One received frame, checked (as `reach.core.interop.channel.parse`); null for anything else. */
 export function parseFrame(raw: string): Frame | null {
   if (raw.length > MAX_FRAME_BYTES) return null;
   let data: unknown;

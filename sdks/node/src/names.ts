@@ -1,5 +1,5 @@
 /**
- * Methods and capability types are names, not paths (as `reach/core/names.py` says): the
+ * Methods and capability types are names, not paths (as `reach/core/fleet/names.py` says): the
  * hub delivers to `{endpoint}/tasks/{method}`, so a method that could climb out of
  * `/tasks/` (`x/../../admin`) would reach any path on the agent's host. A name is letters,
  * digits and `. _ : -`, in parts joined by `/`, each part starting with a letter or digit.

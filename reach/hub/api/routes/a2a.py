@@ -18,14 +18,14 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from reach.core.auth import Action, Principal
+from reach.core.security.auth import Action, Principal
 from reach.errors import NoSuitableAgent, UnknownAgent
 from reach.hub.api.a2a_server import ContextBuilder, HubRequestHandler, card_for, skills_of
 from reach.hub.api.auth import require
 from reach.hub.api.routes.tasks import Intake, read_task
 from reach.hub.context import HubContext
-from reach.hub.streams import StreamHub
-from reach.hub.wakeups import Waiters
+from reach.hub.ledger.streams import StreamHub
+from reach.hub.ledger.wakeups import Waiters
 
 Submits = Annotated[Principal, Depends(require(Action.SUBMIT))]
 CARD = "/.well-known/agent-card.json"

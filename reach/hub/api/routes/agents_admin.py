@@ -1,7 +1,7 @@
 """Admin endpoints on agents: the trust level, the L3 allow-list and the queue bound.
 
 An agent never declares its own trust: these are the only ways to set it, each change
-audited with the admin's identity and the old and new values (`reach.hub.trust`).
+audited with the admin's identity and the old and new values (`reach.hub.security.trust`).
 """
 
 from __future__ import annotations
@@ -13,15 +13,16 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from reach.core.auth import Action, Principal
-from reach.core.networks import NetworkRule
-from reach.core.trust import TrustLevel
-from reach.hub import admission, audit, trust
-from reach.hub.a2a import cards
-from reach.hub.a2a.cards import A2aRegistration
+from reach.core.security.auth import Action, Principal
+from reach.core.security.networks import NetworkRule
+from reach.core.security.trust import TrustLevel
 from reach.hub.api.auth import require
 from reach.hub.context import HubContext
-from reach.hub.trust import MAX_RULE_VALUE, RuleKind
+from reach.hub.flow import admission
+from reach.hub.interop.a2a import cards
+from reach.hub.interop.a2a.cards import A2aRegistration
+from reach.hub.security import audit, trust
+from reach.hub.security.trust import MAX_RULE_VALUE, RuleKind
 
 Administers = Annotated[Principal, Depends(require(Action.ADMINISTER))]
 ReadsFleet = Annotated[Principal, Depends(require(Action.READ_FLEET))]

@@ -1,4 +1,4 @@
-"""The approvals admin surface: list, show, approve, reject (``reach.hub.approvals``).
+"""The approvals admin surface: list, show, approve, reject (``reach.hub.gates.approvals``).
 
 Reading needs ``read_approvals`` (admin, viewer, approver); deciding needs ``approve``
 (admin, approver). The decider is the authenticated key, never a body field: the record
@@ -15,12 +15,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from reach.core.auth import Action, Principal
-from reach.core.statuses import ApprovalStatus, TaskStatus
+from reach.core.ledger.statuses import ApprovalStatus, TaskStatus
+from reach.core.security.auth import Action, Principal
 from reach.errors import ApprovalDecided
-from reach.hub import approvals
 from reach.hub.api.auth import require
 from reach.hub.context import HubContext
+from reach.hub.gates import approvals
 
 ReadsApprovals = Annotated[Principal, Depends(require(Action.READ_APPROVALS))]
 Approves = Annotated[Principal, Depends(require(Action.APPROVE))]

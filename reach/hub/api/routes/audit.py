@@ -13,11 +13,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 from sqlalchemy import select
 
-from reach.core.auth import Action, Principal, may_read_task
+from reach.core.security.auth import Action, Principal, may_read_task
 from reach.errors import UnknownTask
-from reach.hub import audit
 from reach.hub.api.auth import not_yours, require
 from reach.hub.context import HubContext
+from reach.hub.security import audit
 from reach.hub.storage.models import TaskRow
 
 ReadsTasks = Annotated[Principal, Depends(require(Action.READ_TASK))]

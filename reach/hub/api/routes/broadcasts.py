@@ -10,19 +10,20 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from reach.core.auth import Action, Principal, may_read_task
-from reach.core.statuses import TERMINAL
+from reach.core.ledger.statuses import TERMINAL
+from reach.core.security.auth import Action, Principal, may_read_task
 from reach.errors import Backpressure, TaskConflict, UnknownTask
-from reach.hub import admission, broadcast
-from reach.hub.alerts import BackpressureLog
 from reach.hub.api import links
 from reach.hub.api.auth import not_yours, require
 from reach.hub.context import HubContext
-from reach.hub.ledger import unmark_published
-from reach.hub.longpoll import long_poll
+from reach.hub.flow import admission
+from reach.hub.ledger.longpoll import long_poll
+from reach.hub.ledger.tasks import unmark_published
+from reach.hub.ledger.wakeups import Waiters
+from reach.hub.ops.alerts import BackpressureLog
+from reach.hub.orchestration import broadcasts as broadcast
 from reach.hub.storage.models import BroadcastRow
-from reach.hub.wakeups import Waiters
-from reach.schemas import MAX_WAIT_S, BroadcastRequest
+from reach.wire.schemas import MAX_WAIT_S, BroadcastRequest
 from reach.worker.canvas import fan_out
 
 Submits = Annotated[Principal, Depends(require(Action.SUBMIT))]

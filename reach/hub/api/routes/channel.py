@@ -1,9 +1,9 @@
 """``/v1/agents/channel``: agents the hub cannot dial hold a WebSocket here instead.
 
-The protocol (frames in ``reach.core.channel``): the agent's first frame is ``hello`` with
+The protocol (frames in ``reach.core.interop.channel``): the agent's first frame is ``hello`` with
 its declaration; the hub checks the credential the socket was opened with (the agent's API
 key as ``Authorization: Bearer``) exactly as for an HTTP registration, registers the
-instance at this replica (``reach.hub.channel``) and answers ``welcome``. From then on the
+instance at this replica (``reach.hub.interop.channel``) and answers ``welcome``. From then on the
 hub pings (RTT and loss become the instance's probe samples), the agent heartbeats on the
 channel, and deliveries arrive through ``POST /internal/channel/{iid}/{secret}/tasks/{m}``
 from the workers, are forwarded as ``deliver`` frames and answered from the agent's
@@ -30,8 +30,7 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.websockets import WebSocketState
 
-from reach.core.auth import OPEN, Action, Principal, bearer_of, may_act_for, permits
-from reach.core.channel import (
+from reach.core.interop.channel import (
     FROM_AGENT,
     GOING_AWAY,
     POLICY_VIOLATION,
@@ -40,16 +39,19 @@ from reach.core.channel import (
     encode,
     parse,
 )
+from reach.core.security.auth import OPEN, Action, Principal, bearer_of, may_act_for, permits
 from reach.errors import ReachError
-from reach.hub import apikeys, metrics, registry
+from reach.hub import metrics
 from reach.hub.api.auth import check_declarable
-from reach.hub.apikeys import Refusal
-from reach.hub.channel import Channel, Channels, NotHere, Pinger, holder_url, record_ping
-from reach.hub.channel import register as register_channel
 from reach.hub.context import HubContext
-from reach.schemas import HeartbeatRequest, RegisterRequest
+from reach.hub.fleet import registry
+from reach.hub.interop.channel import Channel, Channels, NotHere, Pinger, holder_url, record_ping
+from reach.hub.interop.channel import register as register_channel
+from reach.hub.security import apikeys
+from reach.hub.security.apikeys import Refusal
+from reach.wire.schemas import HeartbeatRequest, RegisterRequest
 
-log = logging.getLogger("reach.hub.channel")
+log = logging.getLogger("reach.hub.interop.channel")
 security_log = logging.getLogger("reach.security")
 
 HELLO_TIMEOUT_S = 10.0

@@ -10,14 +10,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from reach.core import dags
-from reach.core.auth import Action, Principal, may_read_task
-from reach.core.routing import RouteFilter, matches
+from reach.core.fleet.routing import RouteFilter, matches
+from reach.core.orchestration import dags
+from reach.core.security.auth import Action, Principal, may_read_task
 from reach.errors import DagError, UnknownTask
-from reach.hub import dagruns, registry
 from reach.hub.api import links
 from reach.hub.api.auth import not_yours, require
 from reach.hub.context import HubContext
+from reach.hub.fleet import registry
+from reach.hub.orchestration import dagruns
 from reach.hub.storage.models import DagRunRow
 from reach.worker.canvas import canvas
 from reach.worker.factory import RESULT_EXPIRES_S

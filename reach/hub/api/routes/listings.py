@@ -1,7 +1,7 @@
 """The operator's lists: tasks, DAG runs and alerts, filtered and paged newest first.
 
-Each answers ``{"items": [...], "next_cursor": ...}`` (`reach.hub.listings`,
-`reach.hub.alerts`); pass ``next_cursor`` back as ``cursor`` for the next page. Times
+Each answers ``{"items": [...], "next_cursor": ...}`` (`reach.hub.ops.listings`,
+`reach.hub.ops.alerts`); pass ``next_cursor`` back as ``cursor`` for the next page. Times
 (``since``, ``until``) are epoch seconds, ISO 8601 or a duration ago (``15m``, ``2h``);
 a bad filter is 422 ``invalid-query``, a forged cursor 400 ``bad-cursor``.
 
@@ -17,11 +17,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query
 from starlette.concurrency import run_in_threadpool
 
-from reach.core.auth import Action, Principal
-from reach.core.paging import DagRunFilter, TaskFilter, parse_instant
-from reach.hub import alerts, listings
+from reach.core.ops.paging import DagRunFilter, TaskFilter, parse_instant
+from reach.core.security.auth import Action, Principal
 from reach.hub.api.auth import require
 from reach.hub.context import HubContext
+from reach.hub.ops import alerts, listings
 
 ReadsTasks = Annotated[Principal, Depends(require(Action.READ_TASK))]
 ReadsFleet = Annotated[Principal, Depends(require(Action.READ_FLEET))]
@@ -92,7 +92,7 @@ def listing_router(ctx: HubContext) -> APIRouter:
         cursor: str | None = None,
         limit: int | None = None,
     ) -> dict[str, Any]:
-        """Alerts, newest first: ``kind`` (repeatable; see `reach.hub.alerts.KINDS`),
+        """Alerts, newest first: ``kind`` (repeatable; see `reach.hub.ops.alerts.KINDS`),
         ``since``/``until``."""
         now = ctx.clock.now()
         kinds = alerts.parse_kinds(kind)

@@ -1,6 +1,6 @@
 """``GET /v1/match``: which agents' capabilities an intent (words) matches, best first.
 
-The same matching a send with ``intent`` does (`reach.hub.matching`), without sending:
+The same matching a send with ``intent`` does (`reach.hub.fleet.matching`), without sending:
 the candidates at or above ``router.semantic_threshold``, ranked by meaning, then
 ReachScore and load. Below the threshold: ``404 no-suitable-agent`` with the closest
 candidates and their scores; on a hub without the model: ``501 semantic-matching-off``.
@@ -13,11 +13,11 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query
 from starlette.concurrency import run_in_threadpool
 
-from reach.core.auth import Action, Principal
-from reach.core.routing import RouteFilter
+from reach.core.fleet.routing import RouteFilter
+from reach.core.security.auth import Action, Principal
 from reach.hub.api.auth import require
 from reach.hub.context import HubContext
-from reach.schemas import MatchCandidate, MatchResponse
+from reach.wire.schemas import MatchCandidate, MatchResponse
 
 Submits = Annotated[Principal, Depends(require(Action.SUBMIT))]
 

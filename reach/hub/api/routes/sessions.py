@@ -16,11 +16,11 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 
-from reach.core.auth import Action, Principal
+from reach.core.security.auth import Action, Principal
 from reach.errors import TaskConflict
-from reach.hub import sessions
 from reach.hub.api.auth import not_yours, require
 from reach.hub.context import HubContext
+from reach.hub.gates import sessions
 
 Manages = Annotated[Principal, Depends(require(Action.SUBMIT))]
 Reads = Annotated[Principal, Depends(require(Action.READ_TASK))]

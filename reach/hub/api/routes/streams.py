@@ -1,5 +1,5 @@
 """Progress streams: ``GET /v1/tasks/{id}/stream``, ``/v1/broadcasts/{id}/stream`` and
-``/api/v1/dag-runs/{id}/stream`` as server-sent events (``reach.hub.streams``).
+``/api/v1/dag-runs/{id}/stream`` as server-sent events (``reach.hub.ledger.streams``).
 
 Authorised exactly as the plain reads (the same read decides: not yours is not found);
 a ``Last-Event-ID`` header (or ``last_event_id`` query parameter, for clients that cannot
@@ -18,15 +18,17 @@ from sqlalchemy import select
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
-from reach.core.auth import Action, Principal, may_read_task
+from reach.core.security.auth import Action, Principal, may_read_task
 from reach.errors import UnknownTask
-from reach.hub import broadcast, dagruns, streams
 from reach.hub.api.auth import not_yours, require
 from reach.hub.api.routes import broadcasts as broadcast_routes
 from reach.hub.api.routes import tasks as task_routes
 from reach.hub.context import HubContext
+from reach.hub.ledger import streams
+from reach.hub.ledger.streams import Event, StreamHub
+from reach.hub.orchestration import broadcasts as broadcast
+from reach.hub.orchestration import dagruns
 from reach.hub.storage.models import DagRunRow
-from reach.hub.streams import Event, StreamHub
 
 Reads = Annotated[Principal, Depends(require(Action.READ_TASK))]
 LastEventId = Annotated[str | None, Header(alias="Last-Event-ID")]

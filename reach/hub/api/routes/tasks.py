@@ -12,9 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from reach.core.auth import HUB, Action, Principal, Scope, may_act_for, may_read_task
-from reach.core.priority import queue_for
-from reach.core.statuses import TERMINAL, TaskStatus
+from reach.core.flow.priority import queue_for
+from reach.core.ledger.statuses import TERMINAL, TaskStatus
+from reach.core.security.auth import HUB, Action, Principal, Scope, may_act_for, may_read_task
 from reach.errors import (
     Backpressure,
     Forbidden,
@@ -24,18 +24,22 @@ from reach.errors import (
     TaskConflict,
     UnknownTask,
 )
-from reach.hub import admission, callbacks, deadletters, ledger, loops, submission
-from reach.hub.alerts import BackpressureLog
 from reach.hub.api import links
 from reach.hub.api.auth import not_yours, require
 from reach.hub.api.lanes import CallerLane, caller_tokens
 from reach.hub.context import HubContext
 from reach.hub.delivery import reports
-from reach.hub.ledger import Publish
-from reach.hub.longpoll import long_poll
+from reach.hub.flow import admission, loops
+from reach.hub.intake import submission
+from reach.hub.ledger import tasks as ledger
+from reach.hub.ledger.longpoll import long_poll
+from reach.hub.ledger.tasks import Publish
+from reach.hub.ledger.wakeups import Waiters
+from reach.hub.notify import callbacks
+from reach.hub.ops import deadletters
+from reach.hub.ops.alerts import BackpressureLog
 from reach.hub.storage.models import TaskEventRow, TaskRow
-from reach.hub.wakeups import Waiters
-from reach.schemas import DB_INT_MAX, MAX_WAIT_S, ProgressReport, ResultReport, SubmitRequest
+from reach.wire.schemas import DB_INT_MAX, MAX_WAIT_S, ProgressReport, ResultReport, SubmitRequest
 
 _rng = random.Random()  # the jitter of retries that agents' failure reports schedule
 

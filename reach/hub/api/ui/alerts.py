@@ -1,6 +1,6 @@
 """The alerts page: ``/ui/alerts``, newest first, filtered by kind and time, paged.
 
-It reads `reach.hub.alerts.list_alerts`, the service of ``GET /api/v1/alerts``: heartbeat
+It reads `reach.hub.ops.alerts.list_alerts`, the service of ``GET /api/v1/alerts``: heartbeat
 lost, business-unreachable, failing, offline / unreachable, breaker opened / closed,
 dependency loop suspected / calmed, backpressure (429 refusals). Reading needs
 ``read_fleet`` (admins and viewers).
@@ -13,12 +13,12 @@ from typing import Annotated, Final
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse
 
-from reach.core.auth import Action
-from reach.core.paging import Page, parse_instant
+from reach.core.ops.paging import Page, parse_instant
+from reach.core.security.auth import Action
 from reach.errors import InvalidQuery
-from reach.hub import alerts
 from reach.hub.api.ui.pages import Viewer, render, require_ui
 from reach.hub.context import HubContext
+from reach.hub.ops import alerts
 
 ReadsFleet = Annotated[Viewer, Depends(require_ui(Action.READ_FLEET))]
 PAGE_SIZE: Final = 100

@@ -1,7 +1,7 @@
 """Approval pages: ``/ui/approvals`` (pending first) and ``/ui/approvals/{id}``, with
 approve and reject (a reason required).
 
-Every decision goes through `reach.hub.approvals`, the service behind
+Every decision goes through `reach.hub.gates.approvals`, the service behind
 ``/api/v1/approvals``: the decider is the signed-in key's identity (never a form field;
 the optional name is only displayed next to it), ``approval.forbid_self_approval`` holds
 here as in the API, two decisions racing on one approval have exactly one winner, and an
@@ -20,12 +20,12 @@ from fastapi.responses import HTMLResponse
 from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
-from reach.core.auth import Action
-from reach.core.statuses import ApprovalStatus
+from reach.core.ledger.statuses import ApprovalStatus
+from reach.core.security.auth import Action
 from reach.errors import ApprovalDecided, ReachError, UnknownApproval
-from reach.hub import approvals
 from reach.hub.api.ui.pages import PageNotFound, Viewer, render, require_ui, ui_action
 from reach.hub.context import HubContext
+from reach.hub.gates import approvals
 from reach.hub.storage.models import TaskRow
 
 ReadsApprovals = Annotated[Viewer, Depends(require_ui(Action.READ_APPROVALS))]

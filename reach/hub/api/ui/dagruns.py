@@ -1,9 +1,9 @@
 """DAG run pages: ``/ui/dag-runs`` (filtered, paged) and ``/ui/dag-runs/{id}`` (the graph).
 
-The list reads what ``GET /api/v1/dag-runs`` reads (`reach.hub.listings.list_dag_runs`),
-the run page what ``GET /api/v1/dag-runs/{id}`` reads (`reach.hub.dagruns.view`), plus
+The list reads what ``GET /api/v1/dag-runs`` reads (`reach.hub.ops.listings.list_dag_runs`),
+the run page what ``GET /api/v1/dag-runs/{id}`` reads (`reach.hub.orchestration.dagruns.view`), plus
 the status of each node's task, so a node whose task is parked for a human shows as
-``awaiting_approval``. The graph is `reach.core.dags.drawing`'s SVG, drawn here on the
+``awaiting_approval``. The graph is `reach.core.orchestration.dags.drawing`'s SVG, drawn here on the
 server. While the run is ``running`` its live part (status, graph, nodes) reloads itself
 from ``/ui/dag-runs/{id}/live`` every `POLL_S` seconds (htmx); the fragment of a finished
 run carries no trigger, so the polling stops with the run.
@@ -18,15 +18,16 @@ from fastapi.responses import HTMLResponse
 from markupsafe import Markup
 from sqlalchemy import select
 
-from reach.core.auth import Action
-from reach.core.dags import DagSpec
-from reach.core.dags.drawing import GraphNode, render_svg
-from reach.core.paging import DagRunFilter, Page
-from reach.core.statuses import DagRunStatus, TaskStatus
+from reach.core.ledger.statuses import DagRunStatus, TaskStatus
+from reach.core.ops.paging import DagRunFilter, Page
+from reach.core.orchestration.dags import DagSpec
+from reach.core.orchestration.dags.drawing import GraphNode, render_svg
+from reach.core.security.auth import Action
 from reach.errors import InvalidQuery, UnknownTask
-from reach.hub import dagruns, listings
 from reach.hub.api.ui.pages import PageNotFound, Viewer, render, require_ui
 from reach.hub.context import HubContext
+from reach.hub.ops import listings
+from reach.hub.orchestration import dagruns
 from reach.hub.storage.models import TaskRow
 
 ReadsFleet = Annotated[Viewer, Depends(require_ui(Action.READ_FLEET))]

@@ -1,6 +1,6 @@
 """Dead-letter pages: ``/ui/dead-letters`` (list, replay many) and ``/ui/dead-letters/{id}``.
 
-They read and replay through `reach.hub.deadletters`, the service of
+They read and replay through `reach.hub.ops.deadletters`, the service of
 ``/api/v1/dead-letters``: a replay from here is the API's replay (one transaction per dead
 letter, published after its commit, the operator recorded as the event's actor), and a
 refusal (unknown, already replayed, its task no longer dead) is shown on the page with
@@ -19,14 +19,14 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse
 from starlette.concurrency import run_in_threadpool
 
-from reach.core.auth import Action
+from reach.core.security.auth import Action
 from reach.errors import InvalidQuery
-from reach.hub import deadletters
 from reach.hub.api.ui.pages import PageNotFound, Viewer, render, require_ui, ui_action
 from reach.hub.context import HubContext
-from reach.hub.deadletters import MAX_REPLAY_MANY, ReplayOutcome
+from reach.hub.ops import deadletters
+from reach.hub.ops.deadletters import MAX_REPLAY_MANY, ReplayOutcome
 from reach.hub.storage.models import DeadLetterRow
-from reach.schemas import DB_INT_MAX
+from reach.wire.schemas import DB_INT_MAX
 
 ReadsFleet = Annotated[Viewer, Depends(require_ui(Action.READ_FLEET))]
 Replays = Annotated[Viewer, Depends(ui_action(Action.ADMINISTER))]

@@ -1,10 +1,11 @@
 """Fleet pages: ``/ui`` (agents and their instances) and ``/ui/instances/{id}``.
 
 They read what ``GET /api/v1/agents`` and ``/api/v1/instances/{id}/events`` read, through
-the same service functions (`reach.hub.registry`, `reach.hub.monitoring`). The instance
+the same service functions (`reach.hub.fleet.registry`, `reach.hub.fleet.reachability`).
+The instance
 page's chart is the probe window the hub keeps (the last ``probe.window`` probes): the RTT
 of each probe, and the ReachScore those probes alone give (the heartbeat sub-score held at
-its current value), drawn by `reach.core.charts`.
+its current value), drawn by `reach.core.ops.charts`.
 """
 
 from __future__ import annotations
@@ -15,15 +16,16 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse
 
-from reach.core import charts, paging
-from reach.core.auth import Action
-from reach.core.scoring import ProbeWindow, reach_score
-from reach.core.statuses import InstanceStatus
+from reach.core.fleet.scoring import ProbeWindow, reach_score
+from reach.core.ledger.statuses import InstanceStatus
+from reach.core.ops import charts, paging
+from reach.core.security.auth import Action
 from reach.errors import BadCursor, InvalidQuery
-from reach.hub import monitoring, registry
 from reach.hub.api.ui.pages import PageNotFound, Viewer, render, require_ui
 from reach.hub.context import HubContext
-from reach.hub.monitoring import Policy
+from reach.hub.fleet import reachability as monitoring
+from reach.hub.fleet import registry
+from reach.hub.fleet.reachability import Policy
 from reach.hub.storage.models import AgentRow, InstanceRow
 
 ReadsFleet = Annotated[Viewer, Depends(require_ui(Action.READ_FLEET))]

@@ -29,7 +29,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from reach.core.auth import Action, Principal, permits
+from reach.core.security.auth import Action, Principal, permits
 from reach.hub.api import signin
 from reach.hub.api.auth import forbidden
 from reach.hub.api.signin import UiSession

@@ -10,8 +10,7 @@ from fastapi import APIRouter, FastAPI, Form, Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from reach.core.auth import Scope
-from reach.hub import apikeys
+from reach.core.security.auth import Scope
 from reach.hub.api import signin
 from reach.hub.api.auth import LOCKED_OUT, _log_refusal, client_host
 from reach.hub.api.lockout import AuthLockout
@@ -30,9 +29,10 @@ from reach.hub.api.ui.pages import (
     set_cookie,
     viewer_of,
 )
-from reach.hub.apikeys import Refusal
 from reach.hub.context import HubContext
-from reach.hub.streams import StreamHub
+from reach.hub.ledger.streams import StreamHub
+from reach.hub.security import apikeys
+from reach.hub.security.apikeys import Refusal
 
 APPROVALS = "/ui/approvals"
 _STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}

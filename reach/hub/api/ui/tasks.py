@@ -1,9 +1,9 @@
 """Task pages: ``/ui/tasks`` (filtered, one keyset page at a time) and ``/ui/tasks/{id}``
 (payload, result, every attempt and the audit trail), live while the task runs.
 
-The list is `reach.hub.listings.list_tasks` (``GET /api/v1/tasks``'s), the trail
-`reach.hub.audit.task_trail` (``GET /api/v1/tasks/{id}/audit``'s). Live:
-``/ui/tasks/{id}/live`` follows the task's progress stream (`reach.hub.streams.task_stream`,
+The list is `reach.hub.ops.listings.list_tasks` (``GET /api/v1/tasks``'s), the trail
+`reach.hub.security.audit.task_trail` (``GET /api/v1/tasks/{id}/audit``'s). Live:
+``/ui/tasks/{id}/live`` follows the task's progress stream (`reach.hub.ledger.streams.task_stream`,
 ``GET /v1/tasks/{id}/stream``'s) and answers each of its events with the task's live
 section rendered afresh (SSE event ``update``, which htmx's ``sse-swap`` puts in place),
 then ``done`` once the task is terminal (``sse-close``: the browser does not reconnect).
@@ -21,17 +21,19 @@ from sqlalchemy import select
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
-from reach.core.auth import Action, may_read_task
-from reach.core.paging import MAX_LIMIT, TaskFilter
-from reach.core.statuses import TERMINAL, TaskStatus
+from reach.core.ledger.statuses import TERMINAL, TaskStatus
+from reach.core.ops.paging import MAX_LIMIT, TaskFilter
+from reach.core.security.auth import Action, may_read_task
 from reach.errors import InvalidQuery
-from reach.hub import ledger, listings, streams
 from reach.hub.api.auth import not_yours
 from reach.hub.api.ui.pages import PageNotFound, Viewer, env, render, require_ui
-from reach.hub.audit import task_trail
 from reach.hub.context import HubContext
+from reach.hub.ledger import streams
+from reach.hub.ledger import tasks as ledger
+from reach.hub.ledger.streams import StreamHub
+from reach.hub.ops import listings
+from reach.hub.security.audit import task_trail
 from reach.hub.storage.models import TaskRow
-from reach.hub.streams import StreamHub
 
 ReadsTasks = Annotated[Viewer, Depends(require_ui(Action.READ_TASK))]
 Text = Annotated[str, Query(max_length=256)]

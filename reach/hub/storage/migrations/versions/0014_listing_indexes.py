@@ -1,7 +1,7 @@
 """listing indexes: the operator's task and DAG-run lists, newest first, without a scan
 
 ``GET /api/v1/tasks`` and ``GET /api/v1/dag-runs`` page by keyset on (created_at, id)
-descending (`reach.hub.listings`): without these, every page (filtered by a common
+descending (`reach.hub.ops.listings`): without these, every page (filtered by a common
 status or method, or not at all) read and sorted the whole table. The rarer filters
 (agent, session) keep their own indexes.
 

@@ -3,7 +3,7 @@
 Each declared capability (``agent_capabilities``) keeps the vectors of its texts (type,
 description, examples) as computed at registration, with the digest of the model and
 texts they came from, so every API replica has them without running the model on them
-again (`reach.hub.matching`).
+again (`reach.hub.fleet.matching`).
 
 Revision ID: 0016
 Revises: 0015

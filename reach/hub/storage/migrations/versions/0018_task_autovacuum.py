@@ -2,7 +2,7 @@
 
 Every task's status changes twice or three times, and each change leaves a dead row
 version and a dead entry in every index on ``status``. Every submit counts its agent's
-live tasks (``ix_tasks_agent_status``, `reach.hub.admission`), and that count walks the
+live tasks (``ix_tasks_agent_status``, `reach.hub.flow.admission`), and that count walks the
 dead entries left since the last vacuum. PostgreSQL's default vacuums a table after 20 %
 of its rows died: on a task table of 1,000,000 rows that is 200,000 dead versions under
 every submit's count before the first vacuum. 2 % (plus 1,000 rows, so a small table is

@@ -1,6 +1,6 @@
 """ix_tasks_agent_live: an agent's live tasks, for the queue count on every submit
 
-The count of an agent's live tasks (`reach.hub.admission`) read ``ix_tasks_agent_status``,
+The count of an agent's live tasks (`reach.hub.flow.admission`) read ``ix_tasks_agent_status``,
 which holds an entry for every version of every task, finished ones included; each
 status change adds one. On PostgreSQL this partial index holds only the versions whose
 status is live (``pending``, ``dispatching``, ``executing``, ``waiting``): a task that

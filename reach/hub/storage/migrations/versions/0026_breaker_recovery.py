@@ -1,6 +1,7 @@
 """instances.breaker_closed_at: when a successful trial closed the breaker
 
-Gradual recovery (``reach.core.breaker.recovery_share``): for ``router.breaker_recovery_windows``
+Gradual recovery (``reach.core.flow.breakers.recovery_share``): for
+``router.breaker_recovery_windows``
 windows after it the instance takes a growing share of its tasks, and a failure in that
 time opens the breaker again at once.
 

@@ -1,0 +1,1 @@
+"""Delivery decisions: retries and backoff, and what an agent's answer means."""

@@ -1,0 +1,2 @@
+"""Decisions about agents and instances: ReachScore, liveness, reachability, routing,
+matching, addresses."""

@@ -1,0 +1,1 @@
+"""The approval gate's and session liveness's rules."""

@@ -1,0 +1,1 @@
+"""Wire formats and rules of task callbacks and the approval webhook."""

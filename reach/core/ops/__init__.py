@@ -1,0 +1,2 @@
+"""Operator-side rules: retention cut-offs, listing pages, durations, charts, single-holder
+leases."""

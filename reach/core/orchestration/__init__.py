@@ -1,0 +1,1 @@
+"""DAG definitions: their model, validation, planning and drawing."""

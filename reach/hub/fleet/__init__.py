@@ -1,0 +1,1 @@
+"""The agents the hub knows: registry, reachability from two channels, probes, semantic matching."""

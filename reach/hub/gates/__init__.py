@@ -1,0 +1,1 @@
+"""Gates a task passes before it runs: human approval and session liveness."""

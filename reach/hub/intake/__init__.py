@@ -1,0 +1,1 @@
+"""Accepting a task: validation, screening and the durable write at submit."""

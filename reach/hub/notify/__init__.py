@@ -1,0 +1,1 @@
+"""Signed outbound POSTs the hub makes on its own: task callbacks and the approval webhook."""

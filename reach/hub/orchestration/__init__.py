@@ -1,0 +1,1 @@
+"""Work made of many tasks: DAG runs and broadcasts."""

@@ -1,0 +1,1 @@
+"""The records SDKs and the hub exchange over HTTP, defined once for both."""
