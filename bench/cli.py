@@ -59,7 +59,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--readme",
         action="store_true",
-        help="a full run of every part, then its table into the README (bench.readme)",
+        help="a full run of every part, then its table into docs/benchmarks.md (bench.readme)",
     )
     p.add_argument(
         "--hub-env",

@@ -1,12 +1,14 @@
-"""The README's benchmark table is ``bench/results/latest.md`` of a full run, verbatim.
+"""The benchmark table of ``docs/benchmarks.md`` is ``bench/results/latest.md`` of a full
+run, verbatim.
 
-``python -m bench --readme`` runs the full table and then writes it between the README's
+``python -m bench --readme`` runs the full table and then writes it between the page's
 ``<!-- bench:start -->`` and ``<!-- bench:end -->`` markers; ``python -m bench.readme``
 writes the latest full run's table there again without running anything, and
 ``python -m bench.readme --rescore`` first judges that run's measurements by the targets
 as the code states them now (a rule corrected after the run). A test keeps
-the two equal (tests/bench/test_readme_table.py), so a figure in the README always comes
-from the run whose files are beside it.
+the two equal (tests/bench/test_readme_table.py), so a figure in the docs always comes
+from the run whose files are beside it. (The names say README: the table lived there
+until the docs took it; the commands recorded in past runs' files keep working.)
 """
 
 from __future__ import annotations
@@ -21,37 +23,37 @@ from typing import Any
 from bench.processes import REPO
 
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
-README = REPO / "README.md"
+PAGE = REPO / "docs" / "benchmarks.md"
 RESULTS = REPO / "bench" / "results"
 
 
-def block(readme: str) -> str:
+def block(page: str) -> str:
     """The table between the markers (stripped)."""
     try:
-        a = readme.index(START) + len(START)
-        b = readme.index(END, a)
+        a = page.index(START) + len(START)
+        b = page.index(END, a)
     except ValueError:
-        raise ValueError(f"the README has no {START} ... {END} block") from None
-    return readme[a:b].strip()
+        raise ValueError(f"the page has no {START} ... {END} block") from None
+    return page[a:b].strip()
 
 
-def with_table(readme: str, table: str) -> str:
-    """``readme`` with its block replaced by ``table``."""
-    block(readme)  # both markers, in order
-    a = readme.index(START) + len(START)
-    b = readme.index(END, a)
-    return readme[:a] + "\n" + table.strip() + "\n" + readme[b:]
+def with_table(page: str, table: str) -> str:
+    """``page`` with its block replaced by ``table``."""
+    block(page)  # both markers, in order
+    a = page.index(START) + len(START)
+    b = page.index(END, a)
+    return page[:a] + "\n" + table.strip() + "\n" + page[b:]
 
 
-def update(results: Path = RESULTS, readme: Path = README) -> None:
-    """Write ``results/latest.md`` into the README; only a full run of every part may."""
+def update(results: Path = RESULTS, page: Path = PAGE) -> None:
+    """Write ``results/latest.md`` into the page; only a full run of every part may."""
     _full_run(json.loads((results / "latest.json").read_text())["meta"])
-    readme.write_text(with_table(readme.read_text(), (results / "latest.md").read_text()))
+    page.write_text(with_table(page.read_text(), (results / "latest.md").read_text()))
 
 
-def rescore(results: Path = RESULTS, readme: Path = README, now: dt.datetime | None = None) -> None:
+def rescore(results: Path = RESULTS, page: Path = PAGE, now: dt.datetime | None = None) -> None:
     """Judge the latest full run's measurements by the targets as they are now, then write
-    its table into the README.
+    its table into the page.
 
     Only the verdicts change: ``latest.json`` gets the new ``targets`` and says when they
     were judged again (``meta.rescored``), ``latest.md`` is rendered again from it, and the
@@ -67,20 +69,20 @@ def rescore(results: Path = RESULTS, readme: Path = README, now: dt.datetime | N
     at = (now or dt.datetime.now(dt.UTC)).replace(microsecond=0).isoformat()
     result["meta"]["rescored"] = {"at": at, "command": "python -m bench.readme --rescore"}
     report.write_latest(result, results)
-    update(results, readme)
+    update(results, page)
 
 
 def _full_run(meta: dict[str, Any]) -> None:
     """Refuse anything but a complete full run of every part."""
     if meta.get("level", "full") != "full" or meta.get("only"):
         raise SystemExit(
-            f"bench/results/latest.json is from `{meta['command']}`: the README takes a full "
+            f"bench/results/latest.json is from `{meta['command']}`: the table takes a full "
             "run of every part (python -m bench --readme)"
         )
     if meta.get("failed"):
         raise SystemExit(
             f"bench/results/latest.json is a full run in which parts failed "
-            f"({', '.join(sorted(meta['failed']))}): the README takes a complete run"
+            f"({', '.join(sorted(meta['failed']))}): the table takes a complete run"
         )
 
 
@@ -95,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
         rescore()
     else:
         update()
-    print(f"{README.name}: table from {RESULTS / 'latest.md'}", file=sys.stderr)
+    print(f"{PAGE}: table from {RESULTS / 'latest.md'}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""The README's benchmark table is the latest full run's ``bench/results/latest.md``,
-byte for byte (``python -m bench --readme`` writes both)."""
+"""The benchmark table of ``docs/benchmarks.md`` is the latest full run's
+``bench/results/latest.md``, byte for byte (``python -m bench --readme`` writes both)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import pytest
 from bench import readme
 
 
-def test_the_readme_table_is_the_latest_full_run() -> None:
-    assert readme.block(readme.README.read_text()) == (
+def test_the_docs_table_is_the_latest_full_run() -> None:
+    assert readme.PAGE == readme.REPO / "docs" / "benchmarks.md"
+    assert readme.block(readme.PAGE.read_text()) == (
         (readme.RESULTS / "latest.md").read_text().strip()
     )
     meta = json.loads((readme.RESULTS / "latest.json").read_text())["meta"]
@@ -28,28 +29,28 @@ def test_a_table_replaces_only_the_block() -> None:
 
 
 @pytest.mark.parametrize("text", ["no markers", f"{readme.END} x {readme.START}"])
-def test_a_readme_without_its_block_is_refused(text: str) -> None:
+def test_a_page_without_its_block_is_refused(text: str) -> None:
     with pytest.raises(ValueError):
         readme.with_table(text, "| a |")
 
 
-def test_only_a_full_run_of_every_part_goes_into_the_readme(tmp_path: Path) -> None:
+def test_only_a_full_run_of_every_part_goes_into_the_docs(tmp_path: Path) -> None:
     (tmp_path / "latest.md").write_text("| quick |\n")
     (tmp_path / "latest.json").write_text(
         json.dumps({"meta": {"command": "python -m bench --quick", "level": "quick"}})
     )
-    target = tmp_path / "README.md"
+    target = tmp_path / "benchmarks.md"
     target.write_text(f"{readme.START}\nold\n{readme.END}\n")
     with pytest.raises(SystemExit):
         readme.update(tmp_path, target)
     assert "old" in target.read_text()
 
 
-def test_a_full_run_in_which_a_part_failed_stays_out_of_the_readme(tmp_path: Path) -> None:
+def test_a_full_run_in_which_a_part_failed_stays_out_of_the_docs(tmp_path: Path) -> None:
     (tmp_path / "latest.md").write_text("| gap |\n")
     meta = {"command": "python -m bench", "level": "full", "failed": {"soak": "OSError: x"}}
     (tmp_path / "latest.json").write_text(json.dumps({"meta": meta}))
-    target = tmp_path / "README.md"
+    target = tmp_path / "benchmarks.md"
     target.write_text(f"{readme.START}\nold\n{readme.END}\n")
     with pytest.raises(SystemExit, match="soak"):
         readme.update(tmp_path, target)
@@ -80,7 +81,7 @@ def test_a_rescore_judges_the_run_again_and_leaves_its_measurements(tmp_path: Pa
     (tmp_path / "20261206T070346-full.json").write_text(dated)
     (tmp_path / "latest.json").write_text(dated)
     (tmp_path / "latest.md").write_text("| the old table |\n")
-    target = tmp_path / "README.md"
+    target = tmp_path / "benchmarks.md"
     target.write_text(f"intro\n{readme.START}\nold\n{readme.END}\n")
 
     readme.rescore(tmp_path, target, now=dt.datetime(2026, 12, 6, 10, 30, tzinfo=dt.UTC))
@@ -106,7 +107,7 @@ def test_a_rescore_takes_only_a_full_run(tmp_path: Path) -> None:
     quick = json.dumps({"meta": {"command": "python -m bench --quick", "level": "quick"}})
     (tmp_path / "latest.json").write_text(quick)
     (tmp_path / "latest.md").write_text("| quick |\n")
-    target = tmp_path / "README.md"
+    target = tmp_path / "benchmarks.md"
     target.write_text(f"{readme.START}\nold\n{readme.END}\n")
     with pytest.raises(SystemExit):
         readme.rescore(tmp_path, target)
