@@ -83,9 +83,16 @@ class _Section(BaseModel):
 
 
 class ServerSettings(_Section):
-    host: str = "127.0.0.1"
-    port: int = Field(8800, ge=1, le=65535)
-    admin_port: int | None = Field(None, ge=1, le=65535)
+    host: str = Field("127.0.0.1", description="address the API listens on")
+    port: int = Field(
+        8800, ge=1, le=65535, description="port of the API (and, unless admin_port, admin)"
+    )
+    admin_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="admin API and metrics on a port of their own; unset: port",
+    )
     max_body_bytes: int = Field(
         1_048_576,
         ge=1024,
@@ -131,20 +138,30 @@ class ServerSettings(_Section):
 
 
 class StorageSettings(_Section):
-    home: str = ".reach"
-    database_url: str | None = None
+    home: str = Field(".reach", description="folder of the embedded store, keys and logs")
+    database_url: str | None = Field(
+        None, description="SQLAlchemy URL of the store; unset: SQLite in storage.home"
+    )
     # seed 000's form: ``type: sqlite`` with ``path`` (the database file), or
     # ``type: postgres`` with database_url; database_url alone says both
     type: str | None = Field(None, description="sqlite or postgres; unset: from database_url")
     path: str | None = Field(None, description="the SQLite database file (type: sqlite)")
-    broker_url: str | None = None
-    result_backend: str | None = None
+    broker_url: str | None = Field(
+        None, description="Celery broker (redis:// or amqp://); unset: the embedded broker"
+    )
+    result_backend: str | None = Field(
+        None, description="Celery result backend of DAG canvases; unset: the store"
+    )
     # each process's PostgreSQL connections kept open: the API answers up to 40 requests
     # at once on its thread pool, and a connection above the pool is opened for one
     # transaction and closed after it (a PostgreSQL backend started and torn down: more
     # CPU than the transaction). The overflow is the burst allowance above it.
-    pool_size: int = Field(20, ge=1, le=500)
-    max_overflow: int = Field(10, ge=0, le=500)
+    pool_size: int = Field(
+        20, ge=1, le=500, description="PostgreSQL connections each process keeps open"
+    )
+    max_overflow: int = Field(
+        10, ge=0, le=500, description="connections above pool_size opened for a burst"
+    )
 
     @field_validator("type")
     @classmethod
@@ -213,9 +230,15 @@ class StorageSettings(_Section):
 
 
 class HeartbeatSettings(_Section):
-    default_interval: Seconds = Field(10.0, gt=0, le=3600)
-    missed_intervals: int = Field(3, ge=1, le=100)
-    sweep_interval: Seconds = Field(5.0, gt=0, le=3600)
+    default_interval: Seconds = Field(
+        10.0, gt=0, le=3600, description="an agent's heartbeat period unless it declares one"
+    )
+    missed_intervals: int = Field(
+        3, ge=1, le=100, description="heartbeats missed in a row before an instance is offline"
+    )
+    sweep_interval: Seconds = Field(
+        5.0, gt=0, le=3600, description="how often beat looks for missed heartbeats"
+    )
     lost_grace: Seconds = Field(
         60.0, ge=0, description="heartbeat lost, probes fine: alert this long"
     )
@@ -223,25 +246,41 @@ class HeartbeatSettings(_Section):
 
 
 class ProbeSettings(_Section):
-    interval: Seconds = Field(5.0, gt=0)
-    fast_interval: Seconds = Field(1.0, gt=0)
-    retry_interval: Seconds = Field(30.0, gt=0)
-    fail_threshold: int = Field(3, ge=1)
-    window: int = Field(10, ge=1, le=1000)
-    max_concurrent: int = Field(8, ge=1, le=1024)
-    timeout: Seconds = Field(2.0, gt=0)
-    fast_below_score: float = Field(60.0, ge=0, le=100)
+    interval: Seconds = Field(5.0, gt=0, description="probe period of a healthy instance")
+    fast_interval: Seconds = Field(
+        1.0, gt=0, description="probe period while the ReachScore is below fast_below_score"
+    )
+    retry_interval: Seconds = Field(
+        30.0, gt=0, description="probe period of an unreachable or offline instance"
+    )
+    fail_threshold: int = Field(
+        3, ge=1, description="failed probes in a row before an instance is unreachable"
+    )
+    window: int = Field(
+        10, ge=1, le=1000, description="recent probes kept for RTT and loss (the ReachScore)"
+    )
+    max_concurrent: int = Field(8, ge=1, le=1024, description="probes in flight at once")
+    timeout: Seconds = Field(2.0, gt=0, description="a probe not answered this soon failed")
+    fast_below_score: float = Field(
+        60.0, ge=0, le=100, description="ReachScore below which probes run fast; 0: never"
+    )
     fresh: Seconds = Field(15.0, gt=0, description="a probe older than this is no evidence")
 
 
 class RouterSettings(_Section):
-    max_retry: int = Field(5, ge=0, le=100)
+    max_retry: int = Field(
+        5, ge=0, le=100, description="retries of a task before it becomes a dead letter"
+    )
     dead_letter: bool = Field(
         True, description="always on: a task out of retries is kept as a dead letter"
     )
-    backoff_base: Seconds = Field(1.0, gt=0)
-    backoff_cap: Seconds = Field(30.0, gt=0)
-    connect_timeout: Seconds = Field(2.0, gt=0)
+    backoff_base: Seconds = Field(
+        1.0, gt=0, description="first retry's backoff, doubled each retry, with full jitter"
+    )
+    backoff_cap: Seconds = Field(30.0, gt=0, description="longest backoff between retries")
+    connect_timeout: Seconds = Field(
+        2.0, gt=0, description="a delivery's TCP connect to an agent; past it, a retry"
+    )
     read_timeout: Seconds | None = Field(
         None,
         gt=0,
@@ -284,7 +323,7 @@ class RouterSettings(_Section):
     candidate_ttl: Seconds = Field(
         0.5, ge=0, le=10, description="a worker reuses routing candidates this long; 0: never"
     )
-    # flow control (issue 14, README "Flow control")
+    # flow control (issue 14, docs/guide/flow-control.md)
     max_queue: int = Field(
         1000, ge=1, le=10_000_000, description="pending + in-flight tasks per agent (429 past it)"
     )
@@ -358,15 +397,15 @@ class RouterSettings(_Section):
 class ScoreSettings(_Section):
     """ReachScore weights and bounds; validated by ``reach.core.fleet.scoring.ScoreConfig``."""
 
-    heartbeat_weight: float = 50.0
-    rtt_weight: float = 30.0
-    loss_weight: float = 20.0
-    heartbeat_good_s: Seconds = 10.0
-    heartbeat_bad_s: Seconds = 30.0
-    rtt_good_ms: Millis = 20.0
-    rtt_bad_ms: Millis = 500.0
-    loss_good: float = 0.0
-    loss_bad: float = 0.30
+    heartbeat_weight: float = Field(50.0, description="points of the heartbeat's freshness")
+    rtt_weight: float = Field(30.0, description="points of the probes' round-trip time")
+    loss_weight: float = Field(20.0, description="points of the probes' success rate")
+    heartbeat_good_s: Seconds = Field(10.0, description="heartbeat age earning full points")
+    heartbeat_bad_s: Seconds = Field(30.0, description="heartbeat age earning none")
+    rtt_good_ms: Millis = Field(20.0, description="probe RTT earning full points")
+    rtt_bad_ms: Millis = Field(500.0, description="probe RTT earning none")
+    loss_good: float = Field(0.0, description="probe loss share earning full points")
+    loss_bad: float = Field(0.30, description="probe loss share earning none")
 
     @model_validator(mode="after")
     def _valid_score(self) -> ScoreSettings:
@@ -438,7 +477,7 @@ class TlsSettings(_Section):
 
 
 class SecuritySettings(_Section):
-    """Who may reach whom (README, "Security").
+    """Who may reach whom (docs/security.md).
 
     ``require_auth`` unset means: required whenever the API listens beyond loopback
     (``reach.core.security.auth.auth_required``); the loopback-only demo may run open.
