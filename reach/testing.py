@@ -370,7 +370,8 @@ class StubHub:
         is signed with ``key`` (default: this hub's) under the key id ``kid`` (default:
         the key's own; this hub's with another key is a forgery whose signature does not
         verify); ``authorization`` replaces the whole header (None: no token at all). A
-        failure is not retried here."""
+        failure is not retried here; deliver the same ``task_id`` again with a later
+        ``attempt_seq`` to test a redelivery."""
         future = self._submit_to_loop(
             self._deliver(
                 agent, method, payload, task_id=task_id, attempt_seq=attempt_seq,
@@ -419,9 +420,17 @@ class StubHub:
             attempt_seq=attempt_seq - 1,
         )
         with self._lock:
-            if task.task_id in self._tasks:
-                raise ValueError(f"task {task.task_id!r} was delivered by this hub already")
-            self._tasks[task.task_id] = task
+            known = self._tasks.get(task.task_id)
+            if known is not None:  # a redelivery: a later attempt of the same task
+                if attempt_seq <= known.attempt_seq:
+                    raise ValueError(
+                        f"task {task.task_id!r} had attempt {known.attempt_seq} already: "
+                        "a redelivery needs a later attempt_seq"
+                    )
+                known.attempt_seq, known.result, known.error = attempt_seq - 1, None, None
+                task = known
+            else:
+                self._tasks[task.task_id] = task
         return (task, *await self._attempt(task, agent, audience, key, kid, authorization))
 
     def _delivered(self, task: _Task, status: int, answer: Any, seen: Outcome) -> Delivered:

@@ -145,9 +145,11 @@ def test_a_strangers_key_cannot_be_checked_yet_and_is_retried(hub: StubHub) -> N
 def test_a_redelivery_is_answered_from_the_agents_dedup_guard(hub: StubHub) -> None:
     agent = make_agent()
     first = hub.deliver(agent, "text.count", {"text": "a b"}, task_id="t-1")
-    with pytest.raises(ValueError, match="already"):
-        hub.deliver(agent, "text.count", {"text": "a b"}, task_id="t-1")
-    assert first.result == {"words": 2}
+    again = hub.deliver(agent, "text.count", {"text": "a b"}, task_id="t-1", attempt_seq=2)
+    assert (first.result, again.result, again.attempt_seq) == ({"words": 2}, {"words": 2}, 2)
+    assert agent.ran == ["t-1"]  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="later attempt_seq"):
+        hub.deliver(agent, "text.count", {"text": "a b"}, task_id="t-1", attempt_seq=2)
 
 
 def test_an_agent_of_the_stub_serves_concurrent_deliveries(hub: StubHub) -> None:
