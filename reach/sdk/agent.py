@@ -196,15 +196,7 @@ class Agent:
         self._api_key = resolve_api_key(
             api_key if api_key is not None else os.environ.get(API_KEY_ENV, "")
         )
-        self.hub = HubClient(hub, api_key=self._api_key or "")
-        # reports and keepalives go on the process's pooled session, apart from heartbeats
-        self._reports = HubClient(self.hub.base_url, shared=True, api_key=self._api_key or "")
-        # the hub's public keys are open: fetched on the pooled session, without the key
-        self.tokens = (
-            TokenVerifier(HubClient(self.hub.base_url, shared=True, api_key=""), agent_id)
-            if verify_tokens
-            else None
-        )
+        self._use_hub(hub, verify_tokens)
         self._routes: dict[str, Handler] = {}
         # Answers kept for redeliveries: bounded in total bytes and in age, not only count.
         if dedup is not None and dedup_store is not None:
@@ -237,6 +229,20 @@ class Agent:
         self._server: ThreadingHTTPServer | None = None
         self._server_thread: threading.Thread | None = None
         self._channel: AgentChannel | None = None
+
+    def _use_hub(self, hub: str | None, verify_tokens: bool) -> None:
+        """Talk to ``hub`` (None: the default hub): the clients of heartbeats, of reports,
+        and of the hub's keys that check reach tokens (unless ``verify_tokens`` is off).
+        ``reach.testing`` calls it again to point an agent at its stand-in hub."""
+        self.hub = HubClient(hub, api_key=self._api_key or "")
+        # reports and keepalives go on the process's pooled session, apart from heartbeats
+        self._reports = HubClient(self.hub.base_url, shared=True, api_key=self._api_key or "")
+        # the hub's public keys are open: fetched on the pooled session, without the key
+        self.tokens = (
+            TokenVerifier(HubClient(self.hub.base_url, shared=True, api_key=""), self.agent_id)
+            if verify_tokens
+            else None
+        )
 
     # -- identity -----------------------------------------------------------------------
     @property

@@ -77,10 +77,14 @@ class AgentApp:
         finally:
             self.agent.runner.close()
             await asyncio.to_thread(self.agent._leave_hub)
-            with self._pool_lock:
-                pool, self._pool = self._pool, None
-            if pool is not None:
-                pool.shutdown(wait=False)
+            self._release_pool()
+
+    def _release_pool(self) -> None:
+        """Let this app's threads go (a later request starts a new pool)."""
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)
 
     async def _lifespan_protocol(self, receive: Receive, send: Send) -> None:
         async with contextlib.AsyncExitStack() as stack:

@@ -22,18 +22,24 @@ travel, never a re-serialisation of them, so an agent checks exactly what it got
 Tokens are never forwarded: a reach from inside a handler authenticates with the agent's
 own credential and the hub mints a new token for that hop (``sub`` = the agent).
 
-Pure: `claims_for` builds the claims, `check_claims` is the agent's decision on decoded
-claims (the signature is checked before it, by ``reach.sdk.tokens``). The clock, the ttl
-and the jti are arguments, so the rules are table-tested.
+Pure: `claims_for` builds the claims, `public_jwk` a signing key's published half,
+`check_claims` is the agent's decision on decoded claims (the signature is checked
+before it, by ``reach.sdk.tokens``). The clock, the ttl and the jti are arguments, so
+the rules are table-tested.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
+import json
 import math
 from collections.abc import Mapping
 from typing import Any
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 ALGORITHM = "EdDSA"
 """The only algorithm a reach token is signed or accepted with (never ``none``, never HS*)."""
@@ -52,6 +58,21 @@ REQUIRED = (
 def body_digest(raw: bytes) -> str:
     """The ``body_sha256`` of a delivery body: hex sha256 of its exact bytes."""
     return hashlib.sha256(raw).hexdigest()
+
+
+def public_jwk(key: Ed25519PrivateKey) -> dict[str, str]:
+    """The public half of ``key`` as a JWK (what a hub publishes at
+    ``/.well-known/jwks.json``), its ``kid`` the RFC 7638 thumbprint."""
+    raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    x = _b64url(raw)
+    # RFC 7638: the required members only, sorted, no whitespace
+    canonical = json.dumps({"crv": "Ed25519", "kty": "OKP", "x": x}, separators=(",", ":"))
+    kid = _b64url(hashlib.sha256(canonical.encode()).digest())
+    return {"kty": "OKP", "crv": "Ed25519", "x": x, "kid": kid, "alg": ALGORITHM, "use": "sig"}
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
 def claims_for(

@@ -20,9 +20,6 @@ SQLite's write lock, which every write transaction takes at ``BEGIN IMMEDIATE``.
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import json
 import threading
 import time
 import uuid
@@ -42,6 +39,7 @@ from reach.core.security.tokens import (
     MAX_TTL_S,
     body_digest,
     claims_for,
+    public_jwk,
 )
 from reach.errors import ConfigError
 from reach.hub.security.sealing import SealKey, is_sealed
@@ -233,16 +231,6 @@ def private_key(row: SigningKeyRow, seal: SealKey | None) -> Ed25519PrivateKey:
     return key
 
 
-def public_jwk(key: Ed25519PrivateKey) -> dict[str, str]:
-    """The public half of ``key`` as a JWK, its ``kid`` the RFC 7638 thumbprint."""
-    raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    x = _b64url(raw)
-    # RFC 7638: the required members only, sorted, no whitespace
-    canonical = json.dumps({"crv": "Ed25519", "kty": "OKP", "x": x}, separators=(",", ":"))
-    kid = _b64url(hashlib.sha256(canonical.encode()).digest())
-    return {"kty": "OKP", "crv": "Ed25519", "x": x, "kid": kid, "alg": ALGORITHM, "use": "sig"}
-
-
 def _new_key(now: float, *, not_before: float, seal: SealKey | None) -> SigningKeyRow:
     key = Ed25519PrivateKey.generate()
     jwk = public_jwk(key)
@@ -262,10 +250,6 @@ def _new_key(now: float, *, not_before: float, seal: SealKey | None) -> SigningK
         not_before=not_before,
         retire_after=None,
     )
-
-
-def _b64url(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
 def _not_retired(now: float) -> Any:
