@@ -1,4 +1,4 @@
-"""Two channels, real processes: the hub's api, worker and beat probing real listeners."""
+"""Two signals, real processes: the hub's api, worker and beat probing real listeners."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Liveness of an instance from the heartbeat channel: a pure function of facts and clock.
+"""Liveness of an instance from the heartbeat signal: a pure function of facts and clock.
 
 The hub stamps every heartbeat with its own clock, so the only inputs are the hub-side
 time of the last heartbeat, the interval the instance promised and "now". An instance

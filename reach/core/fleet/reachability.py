@@ -1,8 +1,8 @@
-"""Reachability: an instance's status from two channels checked against each other.
+"""Reachability: an instance's status from two signals checked against each other.
 
 The SDK's heartbeats say the process is alive and what it is doing; the hub's own TCP probes
 say the hub can reach it. This module decides, purely (no I/O, the clock passed in as
-``now``), what the two channels together mean. `assess` applies these rules, first match
+``now``), what the two signals together mean. `assess` applies these rules, first match
 wins:
 
 1. deregistered                                     -> DEREGISTERED, not routable
@@ -117,7 +117,7 @@ DEFAULT_REACHABILITY_CONFIG: Final = ReachabilityConfig()
 
 @dataclass(frozen=True, slots=True)
 class HeartbeatState:
-    """What the heartbeat channel last told the hub, stamped with the hub's clock.
+    """What the heartbeat signal last told the hub, stamped with the hub's clock.
 
     ``in_flight_rise_streak`` is maintained with `rise_streak` at each heartbeat. Values are
     checked (the API schemas enforce the same ranges at the boundary); a bad one raises

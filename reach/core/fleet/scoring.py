@@ -6,7 +6,7 @@ module is therefore pure: no I/O, no clock, no globals. Callers pass the heartbe
 the hub's own timestamp, never the agent's clock), the smoothed probe RTT and the probe loss
 rate, and get a float back.
 
-The score blends the two reachability channels::
+The score blends the two reachability signals::
 
     score = w_hb * heartbeat + w_rtt * rtt + w_loss * loss        (weights sum to 100)
 
@@ -22,8 +22,8 @@ Worked example with the defaults -- heartbeat 12 s old, RTT 150 ms, 5 % loss::
                                                       ReachScore ~= 83.5
 
 Missing evidence earns no credit: no heartbeat yet, or no successful probe yet (RTT None),
-scores 0 on that channel. A window with no probes at all has a loss rate of 0; the RTT
-channel already withholds its credit in that case.
+scores 0 on that signal. A window with no probes at all has a loss rate of 0; the RTT
+signal already withholds its credit in that case.
 
 `ProbeWindow` keeps the last N probe outcomes (default 10) from which the prober derives the
 loss rate, the smoothed RTT and the trailing failure count.
@@ -66,7 +66,7 @@ class ScoreConfigError(ValueError):
 class ScoreConfig:
     """Weights and bounds of the ReachScore, validated on construction.
 
-    Weights are points out of 100 and must sum to 100. For each channel the sub-score is full
+    Weights are points out of 100 and must sum to 100. For each signal the sub-score is full
     at or below `*_good*` and zero at or above `*_bad*`; `good` must be strictly below `bad`.
     Loss bounds are fractions (0.30 == 30 %).
     """

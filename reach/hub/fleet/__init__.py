@@ -1,1 +1,1 @@
-"""The agents the hub knows: registry, reachability from two channels, probes, semantic matching."""
+"""The agents the hub knows: registry, reachability from two signals, probes, semantic matching."""

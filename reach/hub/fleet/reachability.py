@@ -1,4 +1,4 @@
-"""Applying the two channels to the registry: heartbeats and probe results in, verdicts out.
+"""Applying the two signals to the registry: heartbeats and probe results in, verdicts out.
 
 The decisions are pure (``reach.core.fleet.reachability``); this module loads an instance's facts,
 asks for the assessment, stores it, and leaves a trail: an ``instance_events`` row and a

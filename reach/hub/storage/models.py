@@ -143,7 +143,7 @@ class InstanceRow(Base):
     last_task_duration_ms: Mapped[float | None] = mapped_column(Double, nullable=True)
     consecutive_failure_count: Mapped[int] = mapped_column(Integer, default=0)
     agent_reported_at: Mapped[float | None] = mapped_column(Double, nullable=True)
-    # reachability (two channels): probe window, smoothed values, score and verdict
+    # reachability (two signals): probe window, smoothed values, score and verdict
     probe_window: Mapped[list[dict[str, Any]]] = mapped_column(
         JSON, default=list, server_default="[]"
     )
