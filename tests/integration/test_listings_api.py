@@ -572,7 +572,7 @@ def test_a_cursor_of_the_task_list_is_refused_by_the_fleet(hub: Hub) -> None:
 def test_the_cli_lists_every_page_of_the_fleet(
     cli_hub: Hub, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import reach.cli.commands as commands
+    import reach.cli.agents as commands
 
     monkeypatch.setattr(commands, "FLEET_PAGE", 2)  # three agents: two pages
     agents = json.loads(invoke(cli_hub, cli_hub.viewer, "agents", "--tag", "docs", "-o", "json"))

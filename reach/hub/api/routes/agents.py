@@ -1,0 +1,77 @@
+"""The agent-facing registry routes: register, heartbeat, deregister (``/v1/agents``)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response
+from sqlalchemy.orm import Session
+
+from reach.core.fleet.health import InstanceStatus
+from reach.core.security.auth import Action, Principal
+from reach.core.security.networks import NetworkRule
+from reach.hub import metrics
+from reach.hub.api import links
+from reach.hub.api.auth import check_declarable, demand_agent, require
+from reach.hub.context import HubContext
+from reach.hub.fleet import registry
+from reach.hub.gates import sessions
+from reach.wire.schemas import (
+    DeregisterRequest,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    RegisterRequest,
+    RegisterResponse,
+)
+
+ActsAsAgent = Annotated[Principal, Depends(require(Action.ACT_AS_AGENT))]
+
+
+def agent_router(ctx: HubContext, network: NetworkRule) -> APIRouter:
+    router = APIRouter(prefix="/v1/agents", tags=["agents (agent-facing)"])
+
+    @router.post(
+        "/register",
+        response_model=RegisterResponse,
+        responses={**links.responses(links.REGISTERED, 200, 201), 409: {}, 422: {}},
+    )
+    def register(body: RegisterRequest, request: Request, principal: ActsAsAgent) -> JSONResponse:
+        demand_agent(request, principal, body.agent_id, Action.ACT_AS_AGENT)
+        check_declarable(principal, body)
+        limits, now, owner = ctx.registry_limits, ctx.clock.now, principal.key_id
+        result = ctx.write(
+            lambda s: registry.register(
+                s, body, now(), ctx.policy, limits, owner=owner, network=network
+            )
+        )
+        # the capability vectors, computed apart (the registration never waits for a model)
+        ctx.matcher.registered(body.agent_id, bool(body.capabilities))
+        return JSONResponse(result.model_dump(), status_code=201 if result.created else 200)
+
+    @router.post("/heartbeat", response_model=HeartbeatResponse, responses={404: {}})
+    def heartbeat(
+        body: HeartbeatRequest, request: Request, response: Response, principal: ActsAsAgent
+    ) -> HeartbeatResponse:
+        demand_agent(request, principal, body.agent_id, Action.ACT_AS_AGENT)
+
+        def work(session: Session) -> HeartbeatResponse:
+            row = registry.heartbeat(session, body, ctx.clock.now(), ctx.policy)
+            metrics.HEARTBEATS_TOTAL.inc()
+            now = ctx.clock.now()
+            response.headers.update(
+                sessions.closed_header(session, body.agent_id, body.instance_id, now)
+            )
+            return HeartbeatResponse(status=row.status, next_heartbeat_in=row.heartbeat_interval)
+
+        return ctx.write(work)
+
+    @router.post("/deregister", responses={404: {}})
+    def deregister(
+        body: DeregisterRequest, request: Request, principal: ActsAsAgent
+    ) -> dict[str, str]:
+        demand_agent(request, principal, body.agent_id, Action.ACT_AS_AGENT)
+        ctx.write(lambda s: registry.deregister(s, body, ctx.clock.now()))
+        return {"instance_id": body.instance_id, "status": InstanceStatus.DEREGISTERED.value}
+
+    return router
