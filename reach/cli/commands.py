@@ -163,8 +163,9 @@ def api(
     settings = _settings()  # first: it points prometheus_client at the shared directory
     import uvicorn
 
-    from reach.hub.api import HubContext, create_app
+    from reach.hub.api import create_app
     from reach.hub.storage.engine import autovacuum_problem, database_revision_problem
+    from reach.worker.context import HubContext
 
     url = settings.storage.resolved_database_url
     problem = database_revision_problem(url)
