@@ -310,7 +310,7 @@ def deliver(
     seal: SealKey | None = None,
 ) -> Sent:
     """Claim, POST and record one callback, blocking (tools and tests; a worker POSTs
-    from its exchanger's loop instead: ``tasks.callbacks``)."""
+    from its exchanger's loop instead: ``reach.tasks.callbacks``)."""
     post = prepare(sessions, settings, callback_id, now, rng, seal)
     if isinstance(post, Sent):
         return post
