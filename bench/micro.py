@@ -75,7 +75,6 @@ def _backend_cpu(ctx: Any) -> Iterator[Callable[[], float]]:
 
 def run(rounds: int = ROUNDS) -> dict[str, Any]:
     from reach.core.fleet.routing import RouteFilter  # noqa: F401  (imported before timing)
-    from reach.hub.context import HubContext
     from reach.hub.delivery.pipeline import deliver_attempt
     from reach.hub.delivery.transports import AgentTransport
     from reach.hub.fleet.reachability import Policy
@@ -87,6 +86,7 @@ def run(rounds: int = ROUNDS) -> dict[str, Any]:
     from reach.hub.security.signing import Signer
     from reach.hub.storage import upgrade_database
     from reach.wire.schemas import RegisterRequest, SubmitRequest
+    from reach.worker.context import HubContext
 
     database = fresh_database()
     upgrade_database(database)
@@ -163,7 +163,7 @@ def run(rounds: int = ROUNDS) -> dict[str, Any]:
                 ctx.write(work)
                 t1 = time.thread_time()
                 b1 = backend()
-                ctx.publisher.publish(Publish(task_id, 1, 0.0))
+                ctx.dispatcher.publish(Publish(task_id, 1, 0.0))
                 t2 = time.thread_time()
                 b2 = backend()
                 deliver_attempt(

@@ -54,7 +54,7 @@ def send_callback(self: Any, callback_id: int) -> str:
         )
         if sent.retry_in is not None:
             log.info("callback %s: %s; again in %.1fs", callback_id, sent.detail, sent.retry_in)
-            callbacks.publish(ctx.publisher.app, callback_id, countdown=sent.retry_in)
+            ctx.dispatcher.send_callback(callback_id, countdown=sent.retry_in)
 
     machinery().exchanger.hand_over_post(
         post.url, post.body, post.headers, post.connect_timeout, post.timeout, record,
@@ -73,7 +73,7 @@ def callbacks_sweep() -> int:
     with ctx.reading() as session:
         ids = callbacks.due_ids(session, ctx.clock.now())
     for callback_id in ids:
-        callbacks.publish(ctx.publisher.app, callback_id)
+        ctx.dispatcher.send_callback(callback_id)
     if ids:
         log.info("re-published %d due callback(s)", len(ids))
     return len(ids)

@@ -25,12 +25,12 @@ def outbox_relay() -> dict[str, int]:
         due = outbox.scheduled(session, now)  # deferrals: expected, not a net's catch
         left_behind = outbox.unpublished(session, now, grace=2.0)
         recovery = outbox.recover(
-            session, now, ctx.delivery_policy, _rng, backlog=ctx.publisher.backlog()
+            session, now, ctx.delivery_policy, _rng, backlog=ctx.dispatcher.backlog()
         )
     # one publication per attempt, even when two nets found the same one
     found = due + left_behind + recovery.publish
     items = list({(p.task_id, p.attempt_seq): p for p in found}.values())
-    published, refused = outbox.publish_each(items, ctx.publisher.publish)
+    published, refused = outbox.publish_each(items, ctx.dispatcher.publish)
     with ctx.transaction() as session:  # if this fails, unsettled claims lapse and recur
         outbox.settle(session, published, refused, ctx.clock.now())
     if refused:

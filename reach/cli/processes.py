@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import sys
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -70,8 +72,9 @@ def api(
     settings = load_settings_or_exit()  # first: it points prometheus_client at the shared directory
     import uvicorn
 
-    from reach.hub.api import HubContext, create_app
+    from reach.hub.api import create_app
     from reach.hub.storage.engine import autovacuum_problem, database_revision_problem
+    from reach.worker.context import HubContext
 
     url = settings.storage.resolved_database_url
     problem = database_revision_problem(url)
@@ -181,11 +184,17 @@ def worker(
 
 def bench(ctx: typer.Context) -> None:
     """Run the benchmark table (same options as ``python -m bench``; try ``--quick``)."""
+    # bench/ is a tool of the repository, never installed (the wheel holds only reach):
+    # it runs from a checkout's top folder, as ``python -m bench`` would find it there
+    here = str(Path.cwd())
+    if (Path(here) / "bench" / "cli.py").is_file() and here not in sys.path:
+        sys.path.insert(0, here)
     try:
         from bench.cli import main as bench_main
     except ImportError as exc:
         err_console.print(
-            f"[red]benchmarks need the bench extra:[/red] pip install -e '.[bench]' ({exc})"
+            "[red]benchmarks run in a checkout of the repository, with the bench extra:"
+            f"[/red] pip install -e '.[bench]', then reach bench in its top folder ({exc})"
         )
         raise typer.Exit(2) from None
     bench_main(list(ctx.args))

@@ -1,6 +1,8 @@
-"""The hub's runtime context: settings, database, clock, policies and the publisher.
+"""The hub's runtime context: settings, database, clock, policies and the dispatcher.
 
 Built once per process (API, worker child) and passed explicitly; nothing here is global.
+The dispatcher comes from a factory the process's composer passes in
+(`reach.worker.context` builds it on Celery): the hub never imports the broker's client.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, TypeVar
+from typing import Self, TypeVar
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
@@ -19,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from reach.errors import HubUnavailable, ReachError, RegistrationConflict
 from reach.hub.clock import Clock, SystemClock
 from reach.hub.delivery.policy import DeliveryPolicy
+from reach.hub.dispatch import Dispatcher, DispatcherFactory
 from reach.hub.fleet import registry
 from reach.hub.fleet.embeddings.backend import folder_problem
 from reach.hub.fleet.embeddings.backends.minilm import MiniLM, MiniLMInt8, folder_model
@@ -33,19 +36,18 @@ from reach.hub.security.sealing import SealKey
 from reach.hub.settings import Settings
 from reach.hub.storage import create_engine_for, read_session_factory, session_factory
 
-if TYPE_CHECKING:
-    from reach.worker.publisher import Publisher
-
 T = TypeVar("T")
 
 
 @dataclass
 class HubContext:
-    """What a request handler may touch: settings, the database and the hub's clock."""
+    """What a request handler may touch: settings, the database, the hub's clock and the
+    dispatcher ``dispatcher_factory`` builds on first use."""
 
     settings: Settings
     engine: Engine
     clock: Clock = field(default_factory=SystemClock)
+    dispatcher_factory: DispatcherFactory = field(kw_only=True)
     sessions: sessionmaker[Session] = field(init=False)
     read_sessions: sessionmaker[Session] = field(init=False)
     completions: CompletionBus = field(init=False)
@@ -59,18 +61,29 @@ class HubContext:
         )
         self.completions.attach(self.sessions)
         if self.settings.approval.webhook_url:
-            approval_webhook.attach(self.sessions, lambda a: self.publisher.publish_webhook(a))
-        callbacks.attach(self.sessions, lambda c: callbacks.publish(self.publisher.app, c))
+            approval_webhook.attach(self.sessions, lambda a: self.dispatcher.publish_webhook(a))
+        callbacks.attach(self.sessions, lambda c: self.dispatcher.send_callback(c))
 
     @classmethod
-    def from_settings(cls, settings: Settings, clock: Clock | None = None) -> HubContext:
+    def from_settings(
+        cls,
+        settings: Settings,
+        clock: Clock | None = None,
+        *,
+        dispatcher_factory: DispatcherFactory,
+    ) -> Self:
         storage = settings.storage
         engine = create_engine_for(
             storage.resolved_database_url,
             pool_size=storage.pool_size,
             max_overflow=storage.max_overflow,
         )
-        return cls(settings=settings, engine=engine, clock=clock or SystemClock())
+        return cls(
+            settings=settings,
+            engine=engine,
+            clock=clock or SystemClock(),
+            dispatcher_factory=dispatcher_factory,
+        )
 
     @cached_property
     def policy(self) -> Policy:
@@ -127,17 +140,15 @@ class HubContext:
         )
 
     @cached_property
-    def publisher(self) -> Publisher:
-        from reach.worker.factory import create_celery
-        from reach.worker.publisher import Publisher
-
-        return Publisher(create_celery(self.settings))
+    def dispatcher(self) -> Dispatcher:
+        """This process's dispatcher, built on first use (after fork, like the engine)."""
+        return self.dispatcher_factory(self.settings)
 
     def publish_attempts(self, items: list[Publish]) -> int:
         """Publish and mark each attempt; one the broker refuses stays for the relay."""
         done = 0
         for item in items:
-            if self.publisher.publish(item):
+            if self.dispatcher.publish(item):
                 with self.transaction() as session:
                     mark_published(session, item.task_id, item.attempt_seq, self.clock.now())
                 done += 1
@@ -146,7 +157,7 @@ class HubContext:
     def publish_premarked(self, item: Publish) -> bool:
         """Publish an attempt already marked published at commit; un-mark it if the broker
         refuses, so the relay takes it (its grace) instead of the overdue net (longer)."""
-        if self.publisher.publish(item):
+        if self.dispatcher.publish(item):
             return True
         with self.transaction() as session:
             unmark_published(session, item.task_id, item.attempt_seq)

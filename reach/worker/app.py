@@ -11,9 +11,9 @@ from typing import Any
 
 from celery import signals
 
-from reach.hub.context import HubContext
 from reach.hub.settings import load_settings
 from reach.worker import exchanges
+from reach.worker.context import HubContext
 from reach.worker.factory import create_celery
 from reach.worker.slots import SlotReporter, slots_of
 

@@ -17,16 +17,20 @@ from reach.core.flow.priority import WORKER_QUEUES
 from reach.hub.settings import Settings
 from reach.worker import redis_broker
 from reach.worker.beat_lock import CONFIG_KEY, BeatLockConfig
+from reach.worker.schedule import beat_schedule
 
+# The repository's tasks/, installed as reach.tasks (pyproject.toml: package-dir). A task's
+# name is its explicit ``name=`` (``reach.deliver`` ...), never its module's: messages an
+# older hub queued still route.
 TASK_MODULES = [
-    "tasks.maintenance",
-    "tasks.probing",
-    "tasks.delivery",
-    "tasks.outbox",
-    "tasks.dags",
-    "tasks.webhooks",
-    "tasks.callbacks",
-    "tasks.a2a",
+    "reach.tasks.maintenance",
+    "reach.tasks.probing",
+    "reach.tasks.delivery",
+    "reach.tasks.outbox",
+    "reach.tasks.dags",
+    "reach.tasks.webhooks",
+    "reach.tasks.callbacks",
+    "reach.tasks.a2a",
 ]
 QUEUES = WORKER_QUEUES  # probe, online, background: the order workers prefer them in
 BEAT_SCHEDULER = "reach.worker.beat_lock:LeasedScheduler"  # one active beat (a lease)
@@ -103,8 +107,6 @@ def _make_sqlite_parent(url: str) -> None:
 def create_celery(settings: Settings, task_modules: Sequence[str] = TASK_MODULES) -> Celery:
     """The hub's Celery app. Beat passes no task modules: it sends the schedule's tasks by
     name, and importing them would load the whole hub into it (about 20 MB)."""
-    from beat_schedule import beat_schedule
-
     config = celery_config(settings)
     redis_broker.install()  # redis:// and rediss:// survive a Redis restart
     for url in (settings.storage.resolved_broker_url, config["result_backend"]):

@@ -1,4 +1,5 @@
-"""Publishing delivery attempts to the broker (the edge between the hub and Celery).
+"""The hub's dispatcher on Celery (`reach.hub.dispatch.Dispatcher`): delivery attempts,
+DAG runs, broadcasts, callbacks and approval webhooks, sent to the broker.
 
 A failed publish is not an error for the caller: the attempt is already durable in the
 outbox, and the relay publishes it once the broker answers again.
@@ -12,8 +13,13 @@ from typing import Any
 from kombu.exceptions import ChannelError
 
 from reach.core.flow.priority import BACKGROUND_QUEUE, ONLINE_QUEUE
+from reach.core.orchestration.dags import Plan
 from reach.hub.ledger.tasks import Publish
 from reach.hub.notify.approval_webhook import WEBHOOK_TASK
+from reach.hub.notify.callbacks import CALLBACK_TASK
+from reach.hub.settings import Settings
+from reach.worker.canvas import canvas, fan_out
+from reach.worker.factory import RESULT_EXPIRES_S, create_celery
 
 log = logging.getLogger("reach.worker.publisher")
 DELIVER_TASK = "reach.deliver"
@@ -24,8 +30,19 @@ _RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "i
 
 
 class Publisher:
+    """Implements `reach.hub.dispatch.Dispatcher` on one Celery app."""
+
+    # chord state lives as long as Celery's results (``result_expires``)
+    run_lifetime_s: float = RESULT_EXPIRES_S
+
     def __init__(self, celery_app: Any) -> None:
         self.app = celery_app
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Publisher:
+        """The dispatcher of a hub process: a Celery app of its own, on the settings'
+        broker (`reach.hub.dispatch.DispatcherFactory`)."""
+        return cls(create_celery(settings))
 
     def publish(self, item: Publish) -> bool:
         try:
@@ -65,6 +82,28 @@ class Publisher:
             log.warning("webhook of approval %s not queued: %s", approval_id, exc)
             return False
         return True
+
+    def start_run(self, run_id: str, plan: Plan, from_level: int = 0) -> None:
+        """Start (or resume) a DAG run's canvas; the broker's refusal raises."""
+        canvas(self.app, run_id, plan, from_level).apply_async()
+
+    def fan_out(self, task_ids: list[str]) -> None:
+        """A broadcast's first attempts as one group; the broker's refusal raises."""
+        fan_out(self.app, task_ids).apply_async()
+
+    def send_callback(self, callback_id: int, countdown: float | None = None) -> None:
+        """Queue one callback (``reach.hub.notify.callbacks``); the broker's refusal raises
+        (the row stays due and the beat's net publishes it again)."""
+        self.app.send_task(
+            CALLBACK_TASK,
+            args=[callback_id],
+            countdown=countdown,
+            queue="reach",
+            ignore_result=True,
+            reply_to="reach",
+            retry=True,
+            retry_policy={"max_retries": 2, "interval_start": 0, "interval_step": 0.2},
+        )
 
     def backlog(self) -> int | None:
         """Messages waiting in the delivery queues (online and background); None if the

@@ -27,7 +27,6 @@ from sqlalchemy.orm import Session
 
 from reach.core.security.auth import Scope
 from reach.errors import UnknownKey
-from reach.hub.context import HubContext
 from reach.hub.delivery.pipeline import deliver_attempt
 from reach.hub.delivery.transports import AgentTransport
 from reach.hub.flow.breakers import Breakers
@@ -43,6 +42,7 @@ from reach.hub.storage.models import (
     TaskEventRow,
     TaskRow,
 )
+from reach.worker.context import HubContext
 from tests.conftest import HubProcess, free_port, hub_env, snapshot, wait_http_ok
 from tests.support.envelope_server import EnvelopeServer
 

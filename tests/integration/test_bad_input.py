@@ -19,12 +19,13 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, func, select
 
-from reach.hub.api import HubContext, create_app
+from reach.hub.api import create_app
 from reach.hub.clock import ManualClock
 from reach.hub.flow.admission import ENVELOPE_BYTES
 from reach.hub.settings import load_settings
 from reach.hub.storage import create_engine_for
 from reach.hub.storage.models import OutboxRow, TaskEventRow, TaskRow
+from reach.worker.context import HubContext
 from tests.conftest import snapshot
 from tests.integration.test_registry_api import PROBLEM, TYPE, reg
 

@@ -11,21 +11,21 @@ from typing import Any
 
 import pytest
 from celery.contrib.testing.worker import start_worker
+from reach.tasks import dags as dag_tasks
 from sqlalchemy import delete
 from sqlalchemy.orm import Session
 
-import tasks.dags
 from reach.core.orchestration import dags
 from reach.core.orchestration.dags import NodeStatus
 from reach.errors import HubUnavailable, RegistrationConflict, UnknownTask
 from reach.hub.clock import ManualClock
-from reach.hub.context import HubContext
 from reach.hub.fleet import registry
 from reach.hub.orchestration import dagruns
 from reach.hub.settings import Settings
 from reach.hub.storage.models import TaskRow
 from reach.wire.schemas import RegisterRequest
 from reach.worker.canvas import canvas
+from reach.worker.context import HubContext
 from reach.worker.factory import create_celery
 from tests.conftest import wait_until
 
@@ -114,7 +114,7 @@ def test_a_step_that_raises_ends_as_a_stored_failure_and_the_run_settles(
         return real(session, run_id, node_id, now, *args)
 
     monkeypatch.setattr(dagruns, "advance_node", broken)
-    monkeypatch.setattr(tasks.dags, "UNAVAILABLE_RETRY_S", (0.05, 0.05))
+    monkeypatch.setattr(dag_tasks, "UNAVAILABLE_RETRY_S", (0.05, 0.05))
     started = time.monotonic()
     run = run_to_end(worker, hub)
     nodes = {n["node_id"]: n for n in run["nodes"]}
@@ -125,7 +125,7 @@ def test_a_step_that_raises_ends_as_a_stored_failure_and_the_run_settles(
     assert str(error) in nodes["first"]["error"]["message"]
     assert nodes["second"]["status"] == NodeStatus.SKIPPED  # the next level did run
     # the database unavailable is retried (bounded) before it is a stated failure
-    expected = 1 + len(tasks.dags.UNAVAILABLE_RETRY_S) if isinstance(error, HubUnavailable) else 1
+    expected = 1 + len(dag_tasks.UNAVAILABLE_RETRY_S) if isinstance(error, HubUnavailable) else 1
     assert calls.count("first") == expected
     assert time.monotonic() - started < 20
 

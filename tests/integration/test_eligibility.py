@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, func, select
 
 from reach.core.fleet.routing import RouteFilter, rank
-from reach.hub.api import HubContext, create_app
+from reach.hub.api import create_app
 from reach.hub.clock import ManualClock
 from reach.hub.delivery.pipeline import deliver_attempt
 from reach.hub.delivery.transports import AgentTransport
@@ -24,6 +24,7 @@ from reach.hub.fleet import registry
 from reach.hub.flow.breakers import Breakers
 from reach.hub.settings import load_settings
 from reach.hub.storage.models import TaskRow
+from reach.worker.context import HubContext
 from tests.conftest import free_port
 from tests.support.envelope_server import EnvelopeServer
 

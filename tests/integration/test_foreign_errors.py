@@ -41,7 +41,7 @@ from reach.errors import (
     TaskConflict,
     TaskError,
 )
-from reach.hub.api import HubContext, create_app
+from reach.hub.api import create_app
 from reach.hub.clock import ManualClock
 from reach.hub.delivery.pipeline import deliver_attempt
 from reach.hub.delivery.policy import DeliveryPolicy
@@ -56,6 +56,7 @@ from reach.hub.settings import Settings, load_settings
 from reach.hub.storage import create_engine_for, session_factory
 from reach.hub.storage.models import OutboxRow, TaskRow
 from reach.wire.schemas import RegisterRequest, SubmitRequest
+from reach.worker.context import HubContext
 from tests.conftest import PG_ADMIN_DSN, REPO, _fresh_store, free_port
 from tests.integration.test_registry_api import TYPE, reg
 from tests.support.envelope_server import EnvelopeServer
@@ -188,7 +189,7 @@ def on_retry(request=None, reason=None, **_):
     seen.append([type(reason.exc).__name__, reason.when])
 task_retry.connect(on_retry, weak=False)
 from reach.worker.app import app  # binds the shared tasks
-from tasks.delivery import deliver
+from reach.tasks.delivery import deliver
 result = deliver.apply(args=("t-1", 1))
 print(json.dumps({"state": result.state, "result": repr(result.result), "retries": seen}))
 """

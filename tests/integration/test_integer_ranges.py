@@ -10,9 +10,10 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
-from reach.hub.api import HubContext, create_app
+from reach.hub.api import create_app
 from reach.hub.clock import ManualClock
 from reach.hub.settings import load_settings
+from reach.worker.context import HubContext
 from tests.conftest import snapshot
 from tests.integration.test_registry_api import PROBLEM, TYPE, reg
 

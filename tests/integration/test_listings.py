@@ -24,7 +24,6 @@ from reach.core.orchestration import dags
 from reach.core.security.auth import Principal, Scope
 from reach.errors import Backpressure, BadCursor, InvalidQuery
 from reach.hub.clock import ManualClock
-from reach.hub.context import HubContext
 from reach.hub.fleet import reachability as monitoring
 from reach.hub.fleet import registry
 from reach.hub.flow import admission, breakers
@@ -36,6 +35,7 @@ from reach.hub.orchestration import dagruns
 from reach.hub.settings import load_settings
 from reach.hub.storage.models import AgentRow, DagRunRow, TaskRow
 from reach.wire.schemas import RegisterRequest
+from reach.worker.context import HubContext
 
 T0 = 1_800_000_000.0
 STATUSES = [TaskStatus.SUCCESS, TaskStatus.FAILED, TaskStatus.DEAD, TaskStatus.PENDING]

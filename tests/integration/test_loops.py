@@ -21,7 +21,7 @@ from sqlalchemy import Engine, update
 
 from reach.core.ledger.statuses import TaskStatus
 from reach.errors import LoopDetected
-from reach.hub.api import HubContext, create_app
+from reach.hub.api import create_app
 from reach.hub.clock import ManualClock
 from reach.hub.delivery.pipeline import deliver_attempt
 from reach.hub.delivery.transports import AgentTransport
@@ -31,6 +31,7 @@ from reach.hub.intake import submission
 from reach.hub.settings import load_settings
 from reach.hub.storage.models import TaskRow
 from reach.wire.schemas import SubmitRequest
+from reach.worker.context import HubContext
 from tests.conftest import free_port
 from tests.support.envelope_server import EnvelopeServer
 

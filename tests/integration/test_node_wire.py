@@ -16,8 +16,9 @@ from typing import Any
 
 from sqlalchemy import create_engine
 
-from reach.hub.api import HubContext, create_app
+from reach.hub.api import create_app
 from reach.hub.settings import load_settings
+from reach.worker.context import HubContext
 
 NODE = Path(__file__).resolve().parents[2] / "sdks" / "node"
 GENERATOR = NODE / "scripts" / "gen-wire.mjs"

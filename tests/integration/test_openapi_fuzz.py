@@ -28,9 +28,10 @@ from schemathesis.generation.stateful.state_machine import APIStateMachine
 from sqlalchemy import Engine
 
 from reach.errors import AgentCardUnavailable, LoopDetected, ReachError, SemanticMatchingOff
-from reach.hub.api import HubContext, create_app
+from reach.hub.api import create_app
 from reach.hub.clock import ManualClock
 from reach.hub.settings import load_settings
+from reach.worker.context import HubContext
 
 pytestmark = pytest.mark.parametrize(
     "store_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True

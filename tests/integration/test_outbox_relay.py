@@ -14,7 +14,6 @@ import pytest
 from sqlalchemy import select
 
 from reach.hub.clock import ManualClock
-from reach.hub.context import HubContext
 from reach.hub.delivery import outbox
 from reach.hub.fleet import registry
 from reach.hub.intake import submission
@@ -22,6 +21,7 @@ from reach.hub.ledger import tasks as ledger
 from reach.hub.settings import Settings
 from reach.hub.storage.models import OutboxRow, TaskRow
 from reach.wire.schemas import RegisterRequest, SubmitRequest
+from reach.worker.context import HubContext
 from reach.worker.publisher import DELIVERY_QUEUE
 from tests.conftest import free_port
 from tests.support.private_redis import PrivateRedis
@@ -52,7 +52,7 @@ def hub(
 
 
 def relay() -> dict[str, int]:
-    from tasks.outbox import outbox_relay
+    from reach.tasks.outbox import outbox_relay
 
     result: dict[str, int] = outbox_relay()
     return result

@@ -71,7 +71,7 @@ def _modules(script: str, store_url: str, tmp_path: Path) -> set[str]:
 def test_beat_loads_no_task_module_and_no_alembic(store_url: str, tmp_path: Path) -> None:
     loaded = _modules(BEAT, store_url, tmp_path)
     assert "reach.worker.beat_lock" in loaded  # it got as far as its scheduler
-    assert not {m for m in loaded if m == "tasks" or m.startswith("tasks.")}
+    assert not {m for m in loaded if m == "reach.tasks" or m.startswith("reach.tasks.")}
     assert "reach.hub.context" not in loaded
     assert "reach.worker.app" not in loaded
     assert "alembic" not in loaded
@@ -79,7 +79,7 @@ def test_beat_loads_no_task_module_and_no_alembic(store_url: str, tmp_path: Path
 
 def test_worker_loads_no_alembic(store_url: str, tmp_path: Path) -> None:
     loaded = _modules(WORKER, store_url, tmp_path)
-    assert {"tasks.delivery", "tasks.a2a", "reach.hub.context"} <= loaded
+    assert {"reach.tasks.delivery", "reach.tasks.a2a", "reach.hub.context"} <= loaded
     assert not {m for m in loaded if m.split(".")[0] in {"alembic", "mako", "pygments"}}
 
 

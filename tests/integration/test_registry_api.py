@@ -9,10 +9,11 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, select
 
-from reach.hub.api import HubContext, create_app
+from reach.hub.api import create_app
 from reach.hub.clock import ManualClock
 from reach.hub.settings import load_settings
 from reach.hub.storage.models import InstanceRow
+from reach.worker.context import HubContext
 from tests.conftest import snapshot
 
 PROBLEM = "application/problem+json"

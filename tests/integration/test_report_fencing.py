@@ -17,7 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, select
 
-from reach.hub.api import HubContext, create_app
+from reach.hub.api import create_app
 from reach.hub.clock import ManualClock
 from reach.hub.delivery.pipeline import deliver_attempt
 from reach.hub.delivery.transports import AgentTransport
@@ -27,6 +27,7 @@ from reach.hub.intake import submission
 from reach.hub.settings import load_settings
 from reach.hub.storage.models import TaskRow
 from reach.wire.schemas import RegisterRequest, SubmitRequest
+from reach.worker.context import HubContext
 from tests.conftest import snapshot
 from tests.integration.test_registry_api import PROBLEM, TYPE
 from tests.support.envelope_server import EnvelopeServer

@@ -15,7 +15,6 @@ from sqlalchemy.orm import Session, sessionmaker
 from reach.core.ledger.statuses import InstanceStatus, TaskStatus
 from reach.core.ops.retention import RetentionPolicy
 from reach.hub.clock import ManualClock
-from reach.hub.context import HubContext
 from reach.hub.fleet import reachability as monitoring
 from reach.hub.fleet import registry
 from reach.hub.fleet.reachability import Policy
@@ -43,6 +42,7 @@ from reach.hub.storage.models import (
     UiSignOutRow,
 )
 from reach.wire.schemas import RegisterRequest
+from reach.worker.context import HubContext
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -253,7 +253,7 @@ def hub(store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iter
 
 
 def test_an_instance_long_offline_is_removed_and_no_longer_probed(hub: HubContext) -> None:
-    from tasks.maintenance import retention_sweep
+    from reach.tasks.maintenance import retention_sweep
 
     for instance_id in ("long-offline", "just-offline", "online"):
         register(hub.sessions, instance_id, NOW - 100)
@@ -279,7 +279,7 @@ def test_an_instance_long_offline_is_removed_and_no_longer_probed(hub: HubContex
 
 
 def test_the_beat_schedule_runs_retention_at_its_interval() -> None:
-    from beat_schedule import beat_schedule
+    from reach.worker.schedule import beat_schedule
 
     entry = beat_schedule(Settings())["reach.retention-sweep"]
     assert (entry["task"], entry["schedule"]) == ("reach.retention_sweep", 300.0)

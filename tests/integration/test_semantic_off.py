@@ -18,9 +18,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, func, select
 
 import reach
-from reach.hub.api import HubContext, create_app
+from reach.hub.api import create_app
 from reach.hub.settings import load_settings
 from reach.hub.storage.models import AgentCapabilityRow, AgentRow, TaskRow
+from reach.worker.context import HubContext
 from tests.conftest import REPO, HubProcess, free_port, hub_env, wait_http_ok
 
 OFF = "urn:agent-reach:problem:semantic-matching-off"

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import event, text
 
-from reach.hub.context import HubContext
 from reach.hub.settings import load_settings
+from reach.worker.context import HubContext
 from tests.conftest import _fresh_store
 
 CONCURRENT = 16  # the fleet bench sends heartbeats from 16 threads at once

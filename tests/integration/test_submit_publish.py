@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from reach.hub.context import HubContext
 from reach.hub.delivery import outbox
 from reach.hub.fleet import registry
 from reach.hub.intake import submission
@@ -17,6 +16,7 @@ from reach.hub.ledger.tasks import Publish
 from reach.hub.settings import Settings
 from reach.hub.storage.models import OutboxRow, TaskRow
 from reach.wire.schemas import RegisterRequest, SubmitRequest
+from reach.worker.context import HubContext
 from tests.conftest import free_port
 
 

@@ -16,13 +16,14 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, func, select
 
 from reach.core.fleet.matching import texts_digest, texts_for
-from reach.hub.api import HubContext, create_app
+from reach.hub.api import create_app
 from reach.hub.clock import ManualClock
 from reach.hub.fleet.embeddings import EmbeddingBackend
 from reach.hub.fleet.embeddings.backends.minilm import MiniLM, MiniLMInt8
 from reach.hub.fleet.matching import Matcher
 from reach.hub.settings import load_settings
 from reach.hub.storage.models import AgentCapabilityRow, AgentRow, TaskRow
+from reach.worker.context import HubContext
 from tests.semantic.demo import declarations, registration
 
 TYPE = "urn:agent-reach:problem:"

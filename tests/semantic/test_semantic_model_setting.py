@@ -9,9 +9,9 @@ from pathlib import Path
 from sqlalchemy import Engine
 
 from reach.hub.clock import ManualClock
-from reach.hub.context import HubContext
 from reach.hub.fleet.embeddings.backends.minilm import MiniLMInt8
 from reach.hub.settings import load_settings
+from reach.worker.context import HubContext
 
 
 def test_the_setting_loads_the_folder_it_names(

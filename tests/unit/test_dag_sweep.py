@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from beat_schedule import beat_schedule
 from reach.core.orchestration.dags.sweep import RunClock, SweepAction, sweep_action
 from reach.hub.settings import Settings
+from reach.worker.schedule import beat_schedule
 
 # created at 0, nodes may stay silent 10 s, the whole run may take 60 s; margin 5 s
 RUN = RunClock(created_at=0.0, last_progress=0.0, worst_case_s=60.0, longest_node_s=10.0)

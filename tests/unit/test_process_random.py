@@ -38,7 +38,7 @@ def test_process_random_differs_in_every_child() -> None:
     assert len(set(draws)) == len(draws)
 
 
-@pytest.mark.parametrize("module", ["tasks.delivery", "tasks.outbox"])
+@pytest.mark.parametrize("module", ["reach.tasks.delivery", "reach.tasks.outbox"])
 def test_task_modules_jitter_differs_per_child(module: str) -> None:
     import importlib
 

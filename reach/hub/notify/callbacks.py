@@ -178,19 +178,6 @@ def attach(sessions: sessionmaker[Session], publish: Callable[[int], object]) ->
     event.listen(sessions, "after_soft_rollback", forget)
 
 
-def publish(celery_app: Any, callback_id: int, countdown: float | None = None) -> None:
-    celery_app.send_task(
-        CALLBACK_TASK,
-        args=[callback_id],
-        countdown=countdown,
-        queue="reach",
-        ignore_result=True,
-        reply_to="reach",
-        retry=True,
-        retry_policy={"max_retries": 2, "interval_start": 0, "interval_step": 0.2},
-    )
-
-
 def due_ids(session: Session, now: float, limit: int = 500) -> list[int]:
     """The net: due rows whose time passed a while ago (their publish was lost)."""
     return list(
@@ -323,7 +310,7 @@ def deliver(
     seal: SealKey | None = None,
 ) -> Sent:
     """Claim, POST and record one callback, blocking (tools and tests; a worker POSTs
-    from its exchanger's loop instead: ``tasks.callbacks``)."""
+    from its exchanger's loop instead: ``reach.tasks.callbacks``)."""
     post = prepare(sessions, settings, callback_id, now, rng, seal)
     if isinstance(post, Sent):
         return post

@@ -1,4 +1,4 @@
-"""Broadcast endpoints: fan one request out as a Celery group, read the aggregate."""
+"""Broadcast endpoints: fan one request out to every target at once, read the aggregate."""
 
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ from reach.hub.ops.alerts import BackpressureLog
 from reach.hub.orchestration import broadcasts as broadcast
 from reach.hub.storage.models import BroadcastRow
 from reach.wire.schemas import MAX_WAIT_S, BroadcastRequest
-from reach.worker.canvas import fan_out
 
 Submits = Annotated[Principal, Depends(require(Action.SUBMIT))]
 Reads = Annotated[Principal, Depends(require(Action.READ_TASK))]
@@ -62,7 +61,7 @@ def broadcast_router(ctx: HubContext, waiters: Waiters | None = None) -> APIRout
             refusals.record(ctx, full, principal.identity)
             raise
         try:
-            fan_out(ctx.publisher.app, task_ids).apply_async()
+            ctx.dispatcher.fan_out(task_ids)
         except Exception:  # the broker is down: hand the attempts to the relay
             with ctx.transaction() as session:
                 for task_id in task_ids:

@@ -20,8 +20,6 @@ from reach.hub.context import HubContext
 from reach.hub.fleet import registry
 from reach.hub.orchestration import dagruns
 from reach.hub.storage.models import DagRunRow
-from reach.worker.canvas import canvas
-from reach.worker.factory import RESULT_EXPIRES_S
 
 Submits = Annotated[Principal, Depends(require(Action.SUBMIT))]
 Reads = Annotated[Principal, Depends(require(Action.READ_TASK))]
@@ -60,10 +58,10 @@ def dag_router(ctx: HubContext) -> APIRouter:
             return dagruns.start_run(session, spec, body.input, now, caller=principal.identity)
 
         plan = dags.compile_plan(spec)
-        dagruns.check_fits_chord_lifetime(spec, plan, RESULT_EXPIRES_S)
+        dagruns.check_fits_chord_lifetime(spec, plan, ctx.dispatcher.run_lifetime_s)
         run_id = ctx.write(work, conflict=DagError)
         try:
-            canvas(ctx.publisher.app, run_id, plan).apply_async()
+            ctx.dispatcher.start_run(run_id, plan)
         except Exception as exc:  # broker down: the run exists but cannot start
             raise DagError(f"run {run_id} recorded but not started: {exc}", run_id=run_id) from exc
         with ctx.transaction() as session:
