@@ -7,8 +7,7 @@ from typing import Any
 
 from celery import shared_task
 
-from reach.core.delivery.retry import RetryPolicy, backoff_delay, should_retry
-from reach.core.notify.approval_webhook import Answer
+from reach.core.notify.outbound import Answer, next_delay
 from reach.errors import HubUnavailable
 from reach.hub.notify import approval_webhook
 from reach.worker.process_random import process_random
@@ -36,11 +35,8 @@ def send_approval_webhook(self: Any, approval_id: str) -> str:
     except Exception as exc:  # the database refusing the read, say: asked again later
         sent = approval_webhook.Sent(Answer.RETRY, f"{type(exc).__name__}: {exc}")
     if sent.answer is Answer.RETRY:
-        policy = RetryPolicy(
-            max_retry=settings.webhook_max_retries, base=BACKOFF_BASE_S, cap=BACKOFF_CAP_S
-        )
-        if should_retry(self.request.retries, policy):
-            delay = backoff_delay(self.request.retries + 1, policy, _rng)
+        if self.request.retries < settings.webhook_max_retries:
+            delay = next_delay(self.request.retries + 1, BACKOFF_BASE_S, BACKOFF_CAP_S, _rng)
             log.info("webhook of approval %s: %s; again in %.1fs", approval_id, sent.detail, delay)
             raise self.retry(countdown=delay)
         log.error("webhook of approval %s given up: %s", approval_id, sent.detail)

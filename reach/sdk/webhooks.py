@@ -1,8 +1,7 @@
 """Checking that an approval webhook really comes from the hub, before acting on it.
 
 The hub signs each webhook body with its current Ed25519 key: a detached compact JWS in
-the ``Reach-Signature`` header (format: ``reach.core.notify.approval_webhook``). A receiver passes
-the
+the ``Reach-Signature`` header (format: ``reach.core.notify.outbound``). A receiver passes the
 raw body bytes it received (not a re-serialised copy) and the header to
 `verify_webhook`, with the hub's JWKS or the hub's URL to fetch it from, and gets the
 parsed body back; anything else raises `InvalidSignature`, and the body must then be
@@ -15,11 +14,12 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+import jwt
 import requests
-from cryptography.exceptions import InvalidSignature as _BadSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from jwt import api_jws
 
-from reach.core.notify.approval_webhook import b64url_decode, signing_input, split_detached
+from reach.core.notify.outbound import attach, split_detached
 from reach.core.security.tokens import ALGORITHM
 from reach.errors import HubUnavailable, InvalidSignature
 
@@ -63,7 +63,7 @@ def verify_signed(
     if not isinstance(body, bytes | bytearray):
         raise TypeError("body: the raw bytes received, not a parsed or re-encoded copy")
     try:
-        protected, header, sig = split_detached(signature or "")
+        _protected, header, _sig = split_detached(signature or "")
     except ValueError as exc:
         raise InvalidSignature(f"Reach-Signature: {exc}") from exc
     if header.get("alg") != ALGORITHM:
@@ -77,10 +77,12 @@ def verify_signed(
             f"Reach-Signature: signed for another purpose (typ {header.get('typ')!r})"
         )
     key = _key_of(jwks, header.get("kid"))
-    try:
-        key.verify(sig, signing_input(protected, bytes(body)))
-    except _BadSignature as exc:
+    try:  # the payload put back between the dots: the compact JWS that was signed
+        api_jws.decode(attach(signature, bytes(body)), key, algorithms=[ALGORITHM])
+    except jwt.InvalidSignatureError as exc:
         raise InvalidSignature("Reach-Signature does not match the body") from exc
+    except jwt.PyJWTError as exc:
+        raise InvalidSignature(f"Reach-Signature: {exc}") from exc
     try:
         parsed = json.loads(body)
     except ValueError as exc:  # signed by the hub yet not JSON: nothing we send
@@ -97,10 +99,14 @@ def _key_of(jwks: Mapping[str, Any], kid: object) -> Ed25519PublicKey:
         if isinstance(jwk, Mapping) and jwk.get("kid") == kid:
             if jwk.get("kty") != "OKP" or jwk.get("crv") != "Ed25519":
                 raise InvalidSignature(f"key {kid} is not an Ed25519 key")
-            try:
-                return Ed25519PublicKey.from_public_bytes(b64url_decode(str(jwk.get("x", ""))))
-            except ValueError as exc:
+            public = {"kty": "OKP", "crv": "Ed25519", "x": str(jwk.get("x", ""))}
+            try:  # its public part only
+                key = jwt.PyJWK(public, ALGORITHM).key
+            except (jwt.PyJWTError, ValueError) as exc:
                 raise InvalidSignature(f"key {kid} is malformed") from exc
+            if not isinstance(key, Ed25519PublicKey):
+                raise InvalidSignature(f"key {kid} is not an Ed25519 key")
+            return key
     raise InvalidSignature(f"key {kid} is not in the hub's key set")
 
 

@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import reach
-from reach.core.notify.approval_webhook import SIGNATURE_HEADER, Answer
+from reach.core.notify.outbound import SIGNATURE_HEADER, Answer
 from reach.hub.notify import approval_webhook
 from reach.hub.security.sealing import SealKey
 from reach.hub.security.signing import public_jwk

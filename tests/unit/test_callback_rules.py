@@ -10,8 +10,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from reach.core.notify.approval_webhook import b64url, canonical
-from reach.core.notify.callbacks import next_delay, progress_body, result_body, url_refusal
+from reach.core.notify.callbacks import progress_body, result_body, url_refusal
+from reach.core.notify.outbound import b64url, canonical, next_delay
 from reach.errors import InvalidSignature
 from reach.hub.notify import approval_webhook, callbacks
 from reach.sdk.callbacks import verify_callback

@@ -11,16 +11,17 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import reach
-from reach.core.notify.approval_webhook import (
+from reach.core.notify.approval_webhook import request_body
+from reach.core.notify.outbound import (
     Answer,
     address_refusal,
     answer_of,
     b64url,
     canonical,
-    request_body,
     split_detached,
+    url_refusal,
 )
-from reach.hub.notify.approval_webhook import sign, url_refusal
+from reach.hub.notify.outbound import sign
 from reach.hub.security.signing import public_jwk
 
 APPROVAL = {

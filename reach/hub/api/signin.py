@@ -1,12 +1,12 @@
 """Dashboard sign-in: an API key in, a signed, expiring session cookie out; CSRF tokens.
 
 The cookie (``reach_ui``, HttpOnly, SameSite=Strict, Path=/ui, Secure over https) holds
-``<payload>.<mac>``: the payload names the key id, a random session id, the expiry and the
-MAC key (``kid``, its fingerprint) that signed it. Every request checks the MAC, the expiry,
-that the session was not signed out (`sign_out` records its id in ``ui_sign_outs`` until
-it would have expired: a copy of the cookie is worthless after the sign-out), and reads
-the key's row afresh, so revoking (or expiring) the key signs its sessions out on the very
-next request.
+``<payload>.<mac>``, signed by itsdangerous (HMAC-SHA256): the payload names the key id, a
+random session id, the expiry and the MAC key (``kid``, its fingerprint) that signed it.
+Every request checks the MAC, the expiry, that the session was not signed out (`sign_out`
+records its id in ``ui_sign_outs`` until it would have expired: a copy of the cookie is
+worthless after the sign-out), and reads the key's row afresh, so revoking (or expiring)
+the key signs its sessions out on the very next request.
 
 The MAC key is a key of its own, derived from the hub's seal key (``reach.hub.security.sealing``):
 not the token-signing key (a key that signs reach tokens signs nothing else) and not
@@ -23,13 +23,12 @@ lands in a URL), and refusals log only the key id.
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import hmac
-import json
 import secrets
 from dataclasses import dataclass
+from typing import Any
 
+from itsdangerous import BadData, HMACAlgorithm, URLSafeSerializer
 from sqlalchemy.orm import Session
 
 from reach.core.security import auth
@@ -45,6 +44,9 @@ CSRF_HEADER = "x-csrf-token"
 SIGN_IN_SCOPES = frozenset({Scope.ADMIN, Scope.VIEWER, Scope.APPROVER})
 _MAC_PURPOSE = "dashboard session v1"
 _MAX_COOKIE = 1024
+_HMAC = HMACAlgorithm(hashlib.sha256)
+# the key is the seal key's own for this purpose (`mac_key`): itsdangerous derives no other
+_SIGNER = {"key_derivation": "none", "digest_method": hashlib.sha256}
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,13 +61,21 @@ class UiSession:
 
     def csrf_token(self) -> str:
         """The token every POST form of this session carries (bound to the session id)."""
-        return hmac.new(self.mac_key, b"csrf:" + self.sid.encode(), hashlib.sha256).hexdigest()
+        return _HMAC.get_signature(self.mac_key, self._csrf_input).hex()
 
     def csrf_ok(self, presented: str | None) -> bool:
         """Timing-safe: whether ``presented`` is this session's CSRF token."""
-        if not presented:
+        try:
+            mac = bytes.fromhex(presented or "")
+        except ValueError:
             return False
-        return hmac.compare_digest(self.csrf_token().encode(), presented.encode())
+        if not mac or mac.hex() != presented:  # the token as issued, to the letter
+            return False
+        return _HMAC.verify_signature(self.mac_key, self._csrf_input, mac)
+
+    @property
+    def _csrf_input(self) -> bytes:
+        return b"csrf:" + self.sid.encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,24 +95,19 @@ def mac_key(seal: SealKey) -> MacKey:
 def new_session(key: MacKey, key_id: str | None, now: float) -> tuple[UiSession, str]:
     """A fresh session for ``key_id`` (None: anonymous) and its cookie value."""
     ui = UiSession(key_id, secrets.token_urlsafe(16), now + SESSION_TTL_S, key.kid, key.secret)
-    body = json.dumps(
-        {"k": key_id, "s": ui.sid, "e": ui.expires_at, "v": key.kid}, separators=(",", ":")
-    ).encode()
-    payload = _b64(body)
-    return ui, f"{payload}.{_b64(_sign(ui.mac_key, payload))}"
+    fields = {"k": key_id, "s": ui.sid, "e": ui.expires_at, "v": key.kid}
+    return ui, _serializer(key).dumps(fields)
 
 
 def open_session(db: Session, cookie: str, now: float, key: MacKey) -> UiSession | None:
     """The session a cookie value stands for, or None when it is malformed, forged,
     expired or signed out (the key's own state is `principal_of`'s business)."""
-    if not cookie or len(cookie) > _MAX_COOKIE or cookie.count(".") != 1:
+    if not cookie or len(cookie) > _MAX_COOKIE:
         return None
-    payload, mac = cookie.split(".")
     try:
-        fields = json.loads(_unb64(payload))
+        fields: Any = _serializer(key).loads(cookie)  # BadData: malformed or forged
         key_id, sid, expires_at, kid = fields["k"], fields["s"], fields["e"], fields["v"]
-        presented = _unb64(mac)
-    except (ValueError, KeyError, TypeError):
+    except (BadData, KeyError, TypeError):
         return None
     if not isinstance(kid, str) or not isinstance(sid, str):
         return None
@@ -110,10 +115,8 @@ def open_session(db: Session, cookie: str, now: float, key: MacKey) -> UiSession
         return None
     if not isinstance(expires_at, int | float):
         return None
-    if not hmac.compare_digest(kid.encode(), key.kid.encode()):
+    if kid != key.kid:
         return None  # signed by another key (a seal key since replaced)
-    if not hmac.compare_digest(_sign(key.secret, payload), presented):
-        return None
     if expires_at <= now:
         return None
     if key_id is not None and db.get(UiSignOutRow, sid) is not None:
@@ -144,13 +147,5 @@ def principal_of(db: Session, ui: UiSession, now: float) -> Principal | None:
     return Principal(scope=scope, key_id=row.key_id, agent_pattern=row.agent_pattern, name=row.name)
 
 
-def _sign(mac_key: bytes, payload: str) -> bytes:
-    return hmac.new(mac_key, payload.encode(), hashlib.sha256).digest()
-
-
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+def _serializer(key: MacKey) -> URLSafeSerializer:
+    return URLSafeSerializer(key.secret, signer_kwargs=_SIGNER)

@@ -8,53 +8,40 @@ backoff, ``approval.webhook_max_retries`` times), never on the submit's path, so
 or hanging receiver costs the caller nothing. A request already decided or expired by
 the time it would be sent is not sent: there is nothing left to ask.
 
-The body and its signature are ``reach.core.notify.approval_webhook``' format, signed with the key
-that
-signs reach tokens (``reach.hub.security.signing``), so a receiver verifies it with the JWKS the
-agents use (``reach.verify_webhook``).
+The body is ``reach.core.notify.approval_webhook``'s; it goes out as every signed outbound
+POST does (``reach.hub.notify.outbound``), signed with the key that signs reach tokens
+(``reach.hub.security.signing``), so a receiver verifies it with the JWKS the agents use
+(``reach.verify_webhook``).
 
 The URL is a server-side request chosen by configuration: it must resolve to public
 addresses only (loopback, private, link-local, reserved refused) unless
-``approval.webhook_allow_private``; redirects are not followed, so an answer cannot
-point the hub somewhere else. What is resolved at check time may change by the time of
-the connection (DNS rebinding); the operator owns the URL, so this guards against
-mistakes and casual misuse, not against the operator's own DNS.
+``approval.webhook_allow_private``; redirects are not followed. The operator owns the URL,
+so the screen guards against mistakes and casual misuse, not against the operator's own
+DNS.
 """
 
 from __future__ import annotations
 
 import logging
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
-import requests
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import event, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from reach.core.ledger.statuses import ApprovalStatus
-from reach.core.notify.approval_webhook import (
-    PUBLIC_ONLY,
-    SIGNATURE_HEADER,
-    Answer,
-    address_refusal,
-    answer_of,
-    b64url,
-    canonical,
-    detached,
-    request_body,
-    signing_input,
-)
+from reach.core.notify.approval_webhook import request_body
+from reach.core.notify.outbound import Answer, Resolver, answer_of, canonical, url_refusal
 from reach.core.security.networks import NetworkRule
-from reach.core.security.tokens import ALGORITHM
+from reach.hub.notify import outbound
+from reach.hub.notify.outbound import sign
 from reach.hub.security import signing
 from reach.hub.security.sealing import SealKey
 from reach.hub.settings import ApprovalSettings
 from reach.hub.storage.models import ApprovalRow
+
+__all__ = ["TIMEOUT_S", "WEBHOOK_TASK", "Sent", "attach", "deliver", "schedule", "sign"]
 
 log = logging.getLogger("reach.hub.notify.approval_webhook")
 
@@ -104,7 +91,7 @@ def deliver(
     settings: ApprovalSettings,
     approval_id: str,
     now: float,
-    resolve: Callable[[str, int], list[str]] | None = None,
+    resolve: Resolver | None = None,
     seal: SealKey | None = None,
 ) -> Sent:
     """POST one approval's request, signed (the signing key opened with ``seal``); the
@@ -124,57 +111,17 @@ def deliver(
     allow = settings.webhook_allow_private
     rule = NetworkRule(loopback=allow, private=allow)  # link-local: never
     try:
-        refusal = url_refusal(url, resolve or _resolve, rule)
+        refusal = url_refusal(url, resolve or outbound.resolve, rule)
     except OSError as exc:  # resolution may work next time
         return Sent(Answer.RETRY, f"the webhook host does not resolve: {exc}")
     if refusal is not None:
         setting = "" if allow else " (approval.webhook_allow_private is off)"
         return Sent(Answer.DROP, f"refused{setting}: {refusal}")
-    headers = {
-        "Content-Type": "application/json",
-        SIGNATURE_HEADER: sign(body, kid, pem),
-        "User-Agent": "agent-reach-hub",
-    }
-    try:
-        answer = requests.post(
-            url, data=body, headers=headers, timeout=TIMEOUT_S, allow_redirects=False
-        )
-    except requests.RequestException as exc:
-        return Sent(Answer.RETRY, f"no answer: {type(exc).__name__}")
-    return Sent(answer_of(answer.status_code), f"HTTP {answer.status_code}")
-
-
-def sign(body: bytes, kid: str, private_pem: str) -> str:
-    """The ``Reach-Signature`` of ``body``: a detached JWS by the key ``kid``."""
-    key = serialization.load_pem_private_key(private_pem.encode(), password=None)
-    if not isinstance(key, Ed25519PrivateKey):
-        raise TypeError(f"signing key {kid} is not an Ed25519 key")
-    protected = b64url(canonical({"alg": ALGORITHM, "kid": kid}))
-    return detached(protected, key.sign(signing_input(protected, body)))
-
-
-def url_refusal(
-    url: str, resolve: Callable[[str, int], list[str]], rule: NetworkRule = PUBLIC_ONLY
-) -> str | None:
-    """Why the hub may not POST to ``url``, or None: every address it resolves to must
-    be one ``rule`` allows (default: public only; a name resolving to one refused address
-    is refused as a whole). A name that does not resolve raises ``OSError``."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return f"{url!r} is not an http(s) URL"
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    addresses = resolve(parts.hostname, port)
-    if not addresses:
-        raise OSError(f"{parts.hostname} resolves to no address")
-    for address in addresses:
-        refusal = address_refusal(address, rule)
-        if refusal is not None:
-            return f"{parts.hostname}: {refusal}"
-    return None
-
-
-def _resolve(host: str, port: int) -> list[str]:
-    return sorted({str(info[4][0]) for info in socket.getaddrinfo(host, port)})
+    headers = outbound.signed_headers(body, kid, pem)
+    status, error = outbound.post(url, body, headers, TIMEOUT_S)
+    if status is None:
+        return Sent(Answer.RETRY, f"no answer: {error}")
+    return Sent(answer_of(status), f"HTTP {status}")
 
 
 def _record(row: ApprovalRow) -> dict[str, Any]:

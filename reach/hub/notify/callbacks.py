@@ -22,35 +22,27 @@ A dead-lettered task an operator replays keeps its callback as it was: one alrea
 delivered is not sent again (the first terminal result was the one announced).
 
 The URL was checked at submit (`check_url`, ``reach.core.notify.callbacks.url_refusal``) and is
-checked again before each POST (DNS may have changed); redirects are not followed.
+checked again before each POST (DNS may have changed); the POST is every signed outbound
+POST's (``reach.hub.notify.outbound``): redirects are not followed.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
-import requests
 from prometheus_client import Counter
 from sqlalchemy import CursorResult, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from reach.core.ledger.statuses import TERMINAL
 from reach.core.notify import callbacks as rules
-from reach.core.notify.approval_webhook import (
-    SIGNATURE_HEADER,
-    Answer,
-    answer_of,
-    b64url,
-    canonical,
-    detached,
-)
-from reach.core.notify.approval_webhook import signing_input as _signing_input
+from reach.core.notify.outbound import Answer, Resolver, answer_of, canonical, next_delay
 from reach.errors import CallbackRefused
+from reach.hub.notify import outbound
 from reach.hub.security import signing
 from reach.hub.security.sealing import SealKey
 from reach.hub.settings import CallbackSettings
@@ -76,13 +68,7 @@ class Status:
 # -- at submit ---------------------------------------------------------------------------
 
 
-def resolve(host: str, port: int) -> list[str]:
-    return sorted({str(info[4][0]) for info in socket.getaddrinfo(host, port)})
-
-
-def check_url(
-    url: str, settings: CallbackSettings, resolver: Callable[[str, int], list[str]] = resolve
-) -> None:
+def check_url(url: str, settings: CallbackSettings, resolver: Resolver = outbound.resolve) -> None:
     """Refuse (`CallbackRefused`, naming the rule) a URL the hub will not POST to."""
     try:
         refusal = rules.url_refusal(url, settings.allow_private, resolver)
@@ -265,19 +251,16 @@ def prepare(
         return _record(sessions, callback_id, "dead", gone, attempts, now, settings, rng)
     body = canonical(body_dict)
     try:
-        refusal = rules.url_refusal(url, settings.allow_private, resolve)
+        refusal = rules.url_refusal(url, settings.allow_private, outbound.resolve)
     except OSError as exc:  # resolution may work next time
         detail = f"the host does not resolve: {type(exc).__name__}"
         return _record(sessions, callback_id, "retry", detail, attempts, now, settings, rng)
     if refusal is not None:
         detail = f"refused: {refusal}"
         return _record(sessions, callback_id, "dead", detail, attempts, now, settings, rng)
-    headers = {
-        "Content-Type": "application/json",
-        SIGNATURE_HEADER: sign(body, kid, pem),
-        ID_HEADER: str(callback_id),
-        "User-Agent": "agent-reach-hub",
-    }
+    headers = outbound.signed_headers(
+        body, kid, pem, rules.CALLBACK_TYP, extra={ID_HEADER: str(callback_id)}
+    )
     connect = min(2.0, settings.timeout_s)
     return Post(callback_id, url, body, headers, attempts, connect, settings.timeout_s)
 
@@ -314,17 +297,8 @@ def deliver(
     post = prepare(sessions, settings, callback_id, now, rng, seal)
     if isinstance(post, Sent):
         return post
-    try:
-        response = requests.post(
-            post.url,
-            data=post.body,
-            headers=post.headers,
-            timeout=(post.connect_timeout, post.timeout),
-            allow_redirects=False,
-        )
-        status, error = response.status_code, None
-    except requests.RequestException as exc:
-        status, error = None, type(exc).__name__
+    timeout = (post.connect_timeout, post.timeout)
+    status, error = outbound.post(post.url, post.body, post.headers, timeout)
     return answered(sessions, settings, post, status, error, clock() if clock else now, rng)
 
 
@@ -344,7 +318,7 @@ def _record(
     if outcome == "delivered":
         values.update(status=Status.DELIVERED, delivered_at=now, next_attempt_at=None)
     elif outcome == "retry" and attempts <= settings.max_retries:
-        retry_in = rules.next_delay(attempts, settings.backoff_base_s, settings.backoff_cap_s, rng)
+        retry_in = next_delay(attempts, settings.backoff_base_s, settings.backoff_cap_s, rng)
         values.update(next_attempt_at=now + retry_in, last_error=detail)
     else:
         outcome = "dead"
@@ -361,16 +335,7 @@ def _record(
 
 def sign(body: bytes, kid: str, private_pem: str) -> str:
     """A detached JWS like the approval webhook's, typed as a callback."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    from reach.core.security.tokens import ALGORITHM
-
-    key = serialization.load_pem_private_key(private_pem.encode(), password=None)
-    if not isinstance(key, Ed25519PrivateKey):
-        raise TypeError(f"signing key {kid} is not an Ed25519 key")
-    protected = b64url(canonical({"alg": ALGORITHM, "kid": kid, "typ": rules.CALLBACK_TYP}))
-    return detached(protected, key.sign(_signing_input(protected, body)))
+    return outbound.sign(body, kid, private_pem, rules.CALLBACK_TYP)
 
 
 def _task(task: TaskRow) -> dict[str, Any]:
