@@ -114,13 +114,13 @@ def run(rounds: int = ROUNDS) -> dict[str, Any]:
         transport = AgentTransport()
         breakers = Breakers()
         cache = CandidateCache(ctx.settings.router.candidate_ttl)
-        signer = Signer(ctx.sessions, issuer="agent-reach", ttl_s=300, seal=ctx.seal)
+        signer = Signer(ctx.db, issuer="agent-reach", ttl_s=300, seal=ctx.seal)
         rng = random.Random(7)
         ops: dict[str, list[float]] = {
             "submit": [], "publish": [], "deliver": [], "heartbeat": [], "register": [],
         }  # fmt: skip
         from reach.hub.fleet import registry
-        from reach.hub.gates import sessions
+        from reach.hub.gates import sessions as user_sessions
         from reach.wire.schemas import HeartbeatRequest
 
         policy = Policy.from_settings(ctx.settings)
@@ -132,7 +132,7 @@ def run(rounds: int = ROUNDS) -> dict[str, Any]:
             now = ctx.clock.now()
             hb = HeartbeatRequest(agent_id="echo", instance_id=echo_instance[0], in_flight=0)
             row = registry.heartbeat(session, hb, now, policy)
-            sessions.closed_header(session, "echo", echo_instance[0], now)
+            user_sessions.closed_header(session, "echo", echo_instance[0], now)
             return row.status
 
         def enrol(n: int) -> Any:
@@ -167,7 +167,7 @@ def run(rounds: int = ROUNDS) -> dict[str, Any]:
                 t2 = time.thread_time()
                 b2 = backend()
                 deliver_attempt(
-                    ctx.sessions,
+                    ctx.db,
                     task_id,
                     1,
                     now=ctx.clock.now,

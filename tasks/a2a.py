@@ -27,7 +27,7 @@ def a2a_cards() -> dict[str, int]:
         due = cards.due_refreshes(session, ctx.seal)
     read = sum(
         cards.refresh_one(
-            ctx.sessions,
+            ctx.db,
             item,
             ctx.clock.now,
             ctx.policy,
@@ -48,7 +48,7 @@ def a2a_follow() -> dict[str, int]:
     ctx = runtime()
     a2a = ctx.settings.a2a
     retries = exchange.follow(
-        ctx.sessions,
+        ctx.db,
         machinery().transport.post,
         now=ctx.clock.now,
         retry=ctx.delivery_policy.retry,

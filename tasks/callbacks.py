@@ -36,7 +36,7 @@ def send_callback(self: Any, callback_id: int) -> str:
     settings = ctx.settings.callbacks
     try:
         post = callbacks.prepare(
-            ctx.sessions, settings, callback_id, ctx.clock.now(), _rng, seal=ctx.seal
+            ctx.db, settings, callback_id, ctx.clock.now(), _rng, seal=ctx.seal
         )
     except Exception as exc:  # the store refused: the row stays due, the net retries it
         log.warning("callback %s not attempted: %s: %s", callback_id, type(exc).__name__, exc)
@@ -49,9 +49,7 @@ def send_callback(self: Any, callback_id: int) -> str:
 
     def record(answer: AgentAnswer) -> None:
         why = (answer.error or "").partition(":")[0] or None  # the kind, not the address
-        sent = callbacks.answered(
-            ctx.sessions, settings, post, answer.status, why, ctx.clock.now(), _rng
-        )
+        sent = callbacks.answered(ctx.db, settings, post, answer.status, why, ctx.clock.now(), _rng)
         if sent.retry_in is not None:
             log.info("callback %s: %s; again in %.1fs", callback_id, sent.detail, sent.retry_in)
             ctx.dispatcher.send_callback(callback_id, countdown=sent.retry_in)

@@ -28,7 +28,7 @@ def send_approval_webhook(self: Any, approval_id: str) -> str:
     settings = ctx.settings.approval
     try:
         sent = approval_webhook.deliver(
-            ctx.sessions, settings, approval_id, ctx.clock.now(), seal=ctx.seal
+            ctx.db, settings, approval_id, ctx.clock.now(), seal=ctx.seal
         )
     except HubUnavailable as exc:
         sent = approval_webhook.Sent(Answer.RETRY, f"the hub's database is unavailable: {exc}")

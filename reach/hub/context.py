@@ -48,21 +48,21 @@ class HubContext:
     engine: Engine
     clock: Clock = field(default_factory=SystemClock)
     dispatcher_factory: DispatcherFactory = field(kw_only=True)
-    sessions: sessionmaker[Session] = field(init=False)
-    read_sessions: sessionmaker[Session] = field(init=False)
+    db: sessionmaker[Session] = field(init=False)
+    read_db: sessionmaker[Session] = field(init=False)
     completions: CompletionBus = field(init=False)
 
     def __post_init__(self) -> None:
-        self.sessions = session_factory(self.engine)
-        self.read_sessions = read_session_factory(self.engine)
+        self.db = session_factory(self.engine)
+        self.read_db = read_session_factory(self.engine)
         broker = self.settings.storage.resolved_broker_url
         self.completions = CompletionBus(
             broker if broker.startswith(("redis://", "rediss://")) else None
         )
-        self.completions.attach(self.sessions)
+        self.completions.attach(self.db)
         if self.settings.approval.webhook_url:
-            approval_webhook.attach(self.sessions, lambda a: self.dispatcher.publish_webhook(a))
-        callbacks.attach(self.sessions, lambda c: self.dispatcher.send_callback(c))
+            approval_webhook.attach(self.db, lambda a: self.dispatcher.publish_webhook(a))
+        callbacks.attach(self.db, lambda c: self.dispatcher.send_callback(c))
 
     @classmethod
     def from_settings(
@@ -135,9 +135,7 @@ class HubContext:
         agent pairs): built after fork, like the engine."""
         # half a second of lag: a herd of retries released at once by several
         # processes must see each other's counts before the budget is overspent
-        return SharedCounts(
-            self.sessions, read_sessions=self.read_sessions, flush_every=0.5, read_ttl=0.25
-        )
+        return SharedCounts(self.db, read_db=self.read_db, flush_every=0.5, read_ttl=0.25)
 
     @cached_property
     def dispatcher(self) -> Dispatcher:
@@ -167,7 +165,7 @@ class HubContext:
     def transaction(self) -> Iterator[Session]:
         """One transaction; database outages surface as a 503 problem, not a 500."""
         try:
-            with self.sessions.begin() as session:
+            with self.db.begin() as session:
                 yield session
         except OperationalError as exc:
             raise HubUnavailable(f"the hub's database is unavailable: {exc.orig}") from exc
@@ -176,7 +174,7 @@ class HubContext:
     def reading(self) -> Iterator[Session]:
         """A transaction that only reads: it never takes SQLite's write lock."""
         try:
-            with self.read_sessions.begin() as session:
+            with self.read_db.begin() as session:
                 yield session
         except OperationalError as exc:
             raise HubUnavailable(f"the hub's database is unavailable: {exc.orig}") from exc

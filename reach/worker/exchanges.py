@@ -56,14 +56,14 @@ def _build() -> Machinery:
     dpolicy = ctx.delivery_policy
     security = settings.security
     pipeline = Pipeline(
-        ctx.sessions,
+        ctx.db,
         ctx.clock.now,
         ctx.policy,
         dpolicy,
         process_random(),
         Breakers(),  # counts hub-wide through ``shared``
         CandidateCache(settings.router.candidate_ttl),
-        Signer(ctx.sessions, issuer=security.issuer, ttl_s=security.token_ttl_s, seal=ctx.seal)
+        Signer(ctx.db, issuer=security.issuer, ttl_s=security.token_ttl_s, seal=ctx.seal)
         if dpolicy.sign_deliveries
         else None,
         ctx.shared_counts,  # hub-wide breaker windows and retry budgets

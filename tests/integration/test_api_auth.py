@@ -206,7 +206,7 @@ def submit(hub: Hub, key: CreatedKey, agent_id: str = "a-1", **body: Any) -> str
 def deliver(hub: Hub, task_id: str) -> None:
     ctx = hub.delivering
     deliver_attempt(
-        ctx.sessions,
+        ctx.db,
         task_id,
         1,
         now=ctx.clock.now,

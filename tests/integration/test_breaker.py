@@ -48,7 +48,7 @@ DPOLICY = DeliveryPolicy.from_settings(SETTINGS)
 
 
 @pytest.fixture
-def sessions(engine: Engine) -> sessionmaker[Session]:
+def db(engine: Engine) -> sessionmaker[Session]:
     return session_factory(engine)
 
 
@@ -63,13 +63,13 @@ class Hub:
     """Submit and deliver in-process, as the API and one worker process would."""
 
     def __init__(
-        self, sessions: sessionmaker[Session], addr: str, dpolicy: DeliveryPolicy = DPOLICY
+        self, db: sessionmaker[Session], addr: str, dpolicy: DeliveryPolicy = DPOLICY
     ) -> None:
-        self.sessions = sessions
+        self.db = db
         self.dpolicy = dpolicy
         self.clock = ManualClock()
         self.breakers = Breakers()
-        with sessions.begin() as s:
+        with db.begin() as s:
             answer = registry.register(
                 s,
                 RegisterRequest(
@@ -83,12 +83,12 @@ class Hub:
     def at(self, t: float) -> None:
         """Move the clock; the agent keeps heart-beating (it is alive, only failing)."""
         self.clock.set(t)
-        with self.sessions.begin() as s:
+        with self.db.begin() as s:
             beat = HeartbeatRequest(agent_id="flaky", instance_id=self.instance_id)
             registry.heartbeat(s, beat, t, POLICY)
 
     def submit(self) -> str:
-        with self.sessions.begin() as s:
+        with self.db.begin() as s:
             task, _ = submission.submit(
                 s, SubmitRequest(agent_id="flaky", method="m"), self.clock.now()
             )
@@ -96,7 +96,7 @@ class Hub:
 
     def deliver(self, task_id: str, seq: int) -> Publish | None:
         return deliver_attempt(
-            self.sessions,
+            self.db,
             task_id,
             seq,
             now=self.clock.now,
@@ -108,13 +108,13 @@ class Hub:
         )
 
     def instance(self) -> InstanceRow:
-        with self.sessions() as s:
+        with self.db() as s:
             row = s.get(InstanceRow, self.instance_id)
             assert row is not None
             return row
 
     def breaker_events(self) -> list[InstanceEventRow]:
-        with self.sessions() as s:
+        with self.db() as s:
             return list(
                 s.scalars(
                     select(InstanceEventRow)
@@ -124,7 +124,7 @@ class Hub:
             )
 
     def task_events(self, task_id: str) -> list[TaskEventRow]:
-        with self.sessions() as s:
+        with self.db() as s:
             rows = s.scalars(
                 select(TaskEventRow)
                 .where(TaskEventRow.task_id == task_id)
@@ -138,9 +138,9 @@ def opened_total() -> float:
 
 
 def test_failures_open_the_breaker_and_a_successful_trial_closes_it(
-    sessions: sessionmaker[Session], engine: Engine, failing: EnvelopeServer
+    db: sessionmaker[Session], engine: Engine, failing: EnvelopeServer
 ) -> None:
-    hub = Hub(sessions, failing.addr)
+    hub = Hub(db, failing.addr)
     before = opened_total()
     tasks = [hub.submit() for _ in range(3)]
     retries = [hub.deliver(t, 1) for t in tasks]
@@ -212,11 +212,11 @@ def test_failures_open_the_breaker_and_a_successful_trial_closes_it(
 
 
 def test_exactly_one_of_racing_deliveries_claims_the_trial(
-    sessions: sessionmaker[Session], failing: EnvelopeServer
+    db: sessionmaker[Session], failing: EnvelopeServer
 ) -> None:
-    hub = Hub(sessions, failing.addr)
+    hub = Hub(db, failing.addr)
     due = hub.clock.now()
-    with sessions.begin() as s:
+    with db.begin() as s:
         row = s.get(InstanceRow, hub.instance_id)
         assert row is not None
         row.breaker_open_until, row.breaker_opened_at = due, due - 30
@@ -225,7 +225,7 @@ def test_exactly_one_of_racing_deliveries_claims_the_trial(
 
     def race() -> None:
         start.wait()
-        with sessions.begin() as s:
+        with db.begin() as s:
             won.append(claim_trial(s, hub.instance_id, due, DPOLICY.breaker))
 
     threads = [threading.Thread(target=race) for _ in range(4)]
@@ -239,12 +239,12 @@ def test_exactly_one_of_racing_deliveries_claims_the_trial(
 
 @pytest.mark.parametrize(("status", "code"), [(200, 7), (429, 0)], ids=["business", "429"])
 def test_answers_that_are_not_faults_never_open_it(
-    sessions: sessionmaker[Session], status: int, code: int
+    db: sessionmaker[Session], status: int, code: int
 ) -> None:
     """Business errors (the agent answered) and 429 (flow control) do not count as failures."""
     server = EnvelopeServer(status=status, code=code)
     try:
-        hub = Hub(sessions, server.addr)
+        hub = Hub(db, server.addr)
         for _ in range(6):
             hub.deliver(hub.submit(), 1)
         assert sum(server.calls.values()) == 6
@@ -270,9 +270,9 @@ STREAK = DeliveryPolicy.from_settings(
 
 
 def test_a_streak_of_distinct_failing_tasks_opens_it_at_once(
-    sessions: sessionmaker[Session], failing: EnvelopeServer
+    db: sessionmaker[Session], failing: EnvelopeServer
 ) -> None:
-    hub = Hub(sessions, failing.addr, STREAK)
+    hub = Hub(db, failing.addr, STREAK)
     # one task failing again and again is one task: its retries open nothing
     lone = hub.submit()
     retry = hub.deliver(lone, 1)
@@ -310,15 +310,15 @@ LONG_TRIAL = DeliveryPolicy.from_settings(
 
 
 def test_an_offline_instance_does_not_keep_a_submit_from_failing_fast(
-    sessions: sessionmaker[Session], engine: Engine, failing: EnvelopeServer
+    db: sessionmaker[Session], engine: Engine, failing: EnvelopeServer
 ) -> None:
     """A dead incarnation of the agent (killed, then restarted elsewhere or not at all)
     stays registered as offline for a while. It takes no work, so with the live instance's
     breaker open a submit is refused at once, not accepted to wait behind it. An offline
     instance whose own breaker is open still counts as open; with every instance offline
     and no breaker open the submit is accepted (the task waits for one to return)."""
-    hub = Hub(sessions, failing.addr, LONG_TRIAL)
-    with sessions.begin() as s:
+    hub = Hub(db, failing.addr, LONG_TRIAL)
+    with db.begin() as s:
         dead = registry.register(
             s,
             RegisterRequest(
@@ -332,9 +332,9 @@ def test_an_offline_instance_does_not_keep_a_submit_from_failing_fast(
         ).instance_id
     # the dead one misses its heartbeats; the hub's sweep records it offline
     hub.at(hub.clock.now() + 120)
-    with sessions.begin() as s:
+    with db.begin() as s:
         monitoring.sweep(s, hub.clock.now(), POLICY)
-    with sessions() as s:
+    with db() as s:
         row = s.get(InstanceRow, dead)
         assert row is not None and row.status == InstanceStatus.OFFLINE.value
     for task in [hub.submit() for _ in range(3)]:
@@ -351,7 +351,7 @@ def test_an_offline_instance_does_not_keep_a_submit_from_failing_fast(
 
     # the live one dies too, its breaker still open: refused as before
     hub.clock.advance(120)
-    with sessions.begin() as s:
+    with db.begin() as s:
         monitoring.sweep(s, hub.clock.now(), POLICY)
     assert hub.instance().status == InstanceStatus.OFFLINE.value
     with pytest.raises(CircuitOpen):
@@ -362,12 +362,12 @@ def test_an_offline_instance_does_not_keep_a_submit_from_failing_fast(
 
 
 def test_it_recovers_gradually_and_a_failure_while_recovering_reopens_it_at_once(
-    sessions: sessionmaker[Session], failing: EnvelopeServer
+    db: sessionmaker[Session], failing: EnvelopeServer
 ) -> None:
     """Seed 004's "restore step by step": a successful trial closes the breaker into
     ``breaker_recovery_windows`` (3) windows of 10 s in which one failure is enough to
     open it again; after them a failure is one failure among the window's answers."""
-    hub = Hub(sessions, failing.addr)
+    hub = Hub(db, failing.addr)
     for task_id in [hub.submit() for _ in range(3)]:
         hub.deliver(task_id, 1)
     opened_at = hub.clock.now()

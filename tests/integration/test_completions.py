@@ -55,17 +55,15 @@ def _listen(url: str, key: str, act: Any, timeout: float = 5.0) -> tuple[bool, A
 
 
 @pytest.fixture
-def sessions(engine: Engine, redis_db: str) -> sessionmaker[Session]:
+def db(engine: Engine, redis_db: str) -> sessionmaker[Session]:
     factory = session_factory(engine)
     CompletionBus(redis_db).attach(factory)
     return factory
 
 
-def test_commit_wakes_the_waiter_with_the_view(
-    sessions: sessionmaker[Session], redis_db: str
-) -> None:
+def test_commit_wakes_the_waiter_with_the_view(db: sessionmaker[Session], redis_db: str) -> None:
     def finish() -> None:
-        with sessions.begin() as s:
+        with db.begin() as s:
             s.execute(text("SELECT 1"))
             mark_finished(s, "t-1", {"task_id": "t-1", "status": "success", "result": 42})
 
@@ -73,9 +71,9 @@ def test_commit_wakes_the_waiter_with_the_view(
     assert woken and view == {"task_id": "t-1", "status": "success", "result": 42}
 
 
-def test_rollback_announces_nothing(sessions: sessionmaker[Session], redis_db: str) -> None:
+def test_rollback_announces_nothing(db: sessionmaker[Session], redis_db: str) -> None:
     def fail() -> None:
-        with pytest.raises(RuntimeError), sessions.begin() as s:
+        with pytest.raises(RuntimeError), db.begin() as s:
             mark_finished(s, "t-2", {"task_id": "t-2", "status": "success"})
             raise RuntimeError("the transaction fails")
 

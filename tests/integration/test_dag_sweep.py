@@ -46,8 +46,8 @@ WORST = dagruns.worst_case_seconds(SPEC, PLAN)  # 2 levels of 2 s, plus the retr
 @pytest.fixture
 def hub(engine: Engine) -> Iterator[tuple[sessionmaker[Session], ManualClock, str]]:
     """A run recorded but whose canvas was never published (as if the chord died at once)."""
-    sessions, clock = session_factory(engine), ManualClock()
-    with sessions.begin() as s:
+    db, clock = session_factory(engine), ManualClock()
+    with db.begin() as s:
         registry.register(
             s,
             RegisterRequest(agent_id="a", addr="10.1.1.1:7000", capabilities=[{"type": "m"}]),
@@ -55,35 +55,35 @@ def hub(engine: Engine) -> Iterator[tuple[sessionmaker[Session], ManualClock, st
             Policy.from_settings(Settings()),
         )
         run_id = dagruns.start_run(s, SPEC, {}, clock.now())
-    yield sessions, clock, run_id
+    yield db, clock, run_id
 
 
-def sweep(sessions: sessionmaker[Session], clock: ManualClock) -> dagruns.SweepReport:
-    with sessions.begin() as s:
+def sweep(db: sessionmaker[Session], clock: ManualClock) -> dagruns.SweepReport:
+    with db.begin() as s:
         return dagruns.sweep(s, clock.now(), MARGIN)
 
 
-def view(sessions: sessionmaker[Session], run_id: str) -> dict[str, object]:
-    with sessions() as s:
+def view(db: sessionmaker[Session], run_id: str) -> dict[str, object]:
+    with db() as s:
         return dagruns.view(s, run_id)
 
 
 def test_a_run_whose_canvas_never_ran_is_resumed_then_abandoned_within_its_bound(
     hub: tuple[sessionmaker[Session], ManualClock, str],
 ) -> None:
-    sessions, clock, run_id = hub
+    db, clock, run_id = hub
     clock.advance(2.0 + MARGIN)  # silent as long as a node may be: still left alone
-    assert sweep(sessions, clock) == dagruns.SweepReport()
+    assert sweep(db, clock) == dagruns.SweepReport()
     clock.advance(0.1)  # longer: its canvas is presumed dead and published again, once
-    resumed = sweep(sessions, clock).resumed
+    resumed = sweep(db, clock).resumed
     assert [(r.run_id, r.from_level) for r in resumed] == [(run_id, 0)]
-    assert sweep(sessions, clock).resumed == []  # a second sweeper finds it claimed
-    with sessions.begin() as s:  # the resumed canvas submits the first node... and dies
+    assert sweep(db, clock).resumed == []  # a second sweeper finds it claimed
+    with db.begin() as s:  # the resumed canvas submits the first node... and dies
         assert dagruns.advance_node(s, run_id, "first", clock.now()).submitted_task
     clock.advance(WORST + MARGIN)  # older than the run could ever take
-    report = sweep(sessions, clock)
+    report = sweep(db, clock)
     assert report.abandoned == [run_id] and report.resumed == []
-    run = view(sessions, run_id)
+    run = view(db, run_id)
     assert run["status"] == "failed" and run["finished_at"] == clock.now()
     assert "never finished: first (running), second (pending)" in str(run["reason"])
     nodes = {n["node_id"]: n for n in run["nodes"]}  # type: ignore[attr-defined]
@@ -91,56 +91,56 @@ def test_a_run_whose_canvas_never_ran_is_resumed_then_abandoned_within_its_bound
     assert nodes["first"]["error"]["kind"] == "RunAbandoned"
     assert nodes["second"]["status"] == NodeStatus.SKIPPED
     assert "never started" in nodes["second"]["reason"]
-    assert sweep(sessions, clock) == dagruns.SweepReport()  # idempotent
+    assert sweep(db, clock) == dagruns.SweepReport()  # idempotent
     # a copy of the dead canvas turning up late changes nothing
-    with sessions.begin() as s:
+    with db.begin() as s:
         late = dagruns.advance_node(s, run_id, "second", clock.now()).result
         assert late is not None and late.status is NodeStatus.SKIPPED
         assert dagruns.finish_run(s, run_id, clock.now()) == "failed"
-    assert view(sessions, run_id)["reason"] == run["reason"]
+    assert view(db, run_id)["reason"] == run["reason"]
 
 
 def test_a_resume_starts_at_the_first_unfinished_level(
     hub: tuple[sessionmaker[Session], ManualClock, str],
 ) -> None:
-    sessions, clock, run_id = hub
-    with sessions.begin() as s:
+    db, clock, run_id = hub
+    with db.begin() as s:
         dagruns.advance_node(s, run_id, "first", clock.now())
         task = load_for_update(s, f"{run_id}.first")
         assert task is not None
         finish(s, task, "success", clock.now(), result={"ok": True})
         assert dagruns.advance_node(s, run_id, "first", clock.now()).result is not None
     clock.advance(2.0 + MARGIN + 0.1)
-    assert [r.from_level for r in sweep(sessions, clock).resumed] == [1]
+    assert [r.from_level for r in sweep(db, clock).resumed] == [1]
 
 
 def test_a_run_whose_closing_task_went_missing_is_settled_from_its_results(
     hub: tuple[sessionmaker[Session], ManualClock, str],
 ) -> None:
-    sessions, clock, run_id = hub
+    db, clock, run_id = hub
     for node in ("first", "second"):
-        with sessions.begin() as s:
+        with db.begin() as s:
             dagruns.advance_node(s, run_id, node, clock.now())
             task = load_for_update(s, f"{run_id}.{node}")
             assert task is not None
             finish(s, task, "success", clock.now(), result={"ok": True})
             assert dagruns.advance_node(s, run_id, node, clock.now()).result is not None
-    assert sweep(sessions, clock) == dagruns.SweepReport()  # dag_finish is due any moment
+    assert sweep(db, clock) == dagruns.SweepReport()  # dag_finish is due any moment
     clock.advance(MARGIN + 0.1)
-    assert sweep(sessions, clock).finished == [run_id]
-    assert view(sessions, run_id)["status"] == "success"
+    assert sweep(db, clock).finished == [run_id]
+    assert view(db, run_id)["status"] == "success"
 
 
 def test_two_sweepers_at_once_abandon_a_run_once(
     hub: tuple[sessionmaker[Session], ManualClock, str],
 ) -> None:
-    sessions, clock, run_id = hub
+    db, clock, run_id = hub
     clock.advance(WORST + MARGIN + 1)
     first_swept = threading.Event()
     reports: dict[str, dagruns.SweepReport] = {}
 
     def holder() -> None:  # sweeps, then holds its transaction open a moment
-        with sessions.begin() as s:
+        with db.begin() as s:
             reports["holder"] = dagruns.sweep(s, clock.now(), MARGIN)
             first_swept.set()
             threading.Event().wait(0.5)
@@ -148,7 +148,7 @@ def test_two_sweepers_at_once_abandon_a_run_once(
     thread = threading.Thread(target=holder)
     thread.start()
     assert first_swept.wait(10)
-    reports["other"] = sweep(sessions, clock)  # blocks on the run's row, then finds it done
+    reports["other"] = sweep(db, clock)  # blocks on the run's row, then finds it done
     thread.join(10)
     assert sorted(len(r.abandoned) for r in reports.values()) == [0, 1]
-    assert view(sessions, run_id)["status"] == "failed"
+    assert view(db, run_id)["status"] == "failed"

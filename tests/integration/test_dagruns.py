@@ -36,8 +36,8 @@ SPEC = dags.parse_dag(
 
 
 def setup(engine: Engine) -> tuple[sessionmaker[Session], ManualClock, str]:
-    sessions, clock = session_factory(engine), ManualClock()
-    with sessions.begin() as s:
+    db, clock = session_factory(engine), ManualClock()
+    with db.begin() as s:
         registry.register(
             s,
             RegisterRequest(agent_id="a", addr="10.1.1.1:7000", capabilities=[{"type": "m"}]),
@@ -45,91 +45,89 @@ def setup(engine: Engine) -> tuple[sessionmaker[Session], ManualClock, str]:
             Policy.from_settings(Settings()),
         )
         run_id = dagruns.start_run(s, SPEC, {}, clock.now())
-    return sessions, clock, run_id
+    return db, clock, run_id
 
 
-def step(
-    sessions: sessionmaker[Session], clock: ManualClock, run_id: str, node: str
-) -> dagruns.Step:
-    with sessions.begin() as s:
+def step(db: sessionmaker[Session], clock: ManualClock, run_id: str, node: str) -> dagruns.Step:
+    with db.begin() as s:
         return dagruns.advance_node(s, run_id, node, clock.now())
 
 
-def tasks(sessions: sessionmaker[Session]) -> int:
-    with sessions() as s:
+def tasks(db: sessionmaker[Session]) -> int:
+    with db() as s:
         return int(s.scalar(select(func.count()).select_from(TaskRow)) or 0)
 
 
 def test_duplicate_node_deliveries_submit_once_and_agree(engine: Engine) -> None:
-    sessions, clock, run_id = setup(engine)
-    first = step(sessions, clock, run_id, "first")
+    db, clock, run_id = setup(engine)
+    first = step(db, clock, run_id, "first")
     assert first.result is None and first.submitted_task == f"{run_id}.first"
-    again = step(sessions, clock, run_id, "first")  # a duplicate copy of the header task
+    again = step(db, clock, run_id, "first")  # a duplicate copy of the header task
     assert again.result is None and again.submitted_task is None
-    assert tasks(sessions) == 1
-    with sessions.begin() as s:
+    assert tasks(db) == 1
+    with db.begin() as s:
         task = load_for_update(s, f"{run_id}.first")
         assert task is not None
         finish(s, task, "success", clock.now(), result={"value": 42})
-    done = step(sessions, clock, run_id, "first")
-    dup = step(sessions, clock, run_id, "first")
+    done = step(db, clock, run_id, "first")
+    dup = step(db, clock, run_id, "first")
     assert done.result == dup.result
     assert done.result is not None and done.result.status is NodeStatus.SUCCESS
     # the next level reads its inputs from the stored state, not from chord arguments
-    second = step(sessions, clock, run_id, "second")
-    with sessions() as s:
+    second = step(db, clock, run_id, "second")
+    with db() as s:
         payload = s.scalar(select(TaskRow.payload).where(TaskRow.task_id == second.submitted_task))
     assert payload == {"prev": 42}
 
 
 def test_a_node_that_cannot_be_submitted_fails_without_raising(engine: Engine) -> None:
-    sessions, clock, run_id = setup(engine)
-    with sessions.begin() as s:  # the agent leaves before the run reaches it
+    db, clock, run_id = setup(engine)
+    with db.begin() as s:  # the agent leaves before the run reaches it
         from reach.wire.schemas import DeregisterRequest
 
         instance = s.scalar(select(registry.InstanceRow.instance_id))
         assert instance is not None
         registry.deregister(s, DeregisterRequest(agent_id="a", instance_id=instance), clock.now())
-    result = step(sessions, clock, run_id, "first").result
+    result = step(db, clock, run_id, "first").result
     assert result is not None and result.status is NodeStatus.FAILED
     assert "NoSuitableAgent" in str(result.error)
-    skipped = step(sessions, clock, run_id, "second").result
+    skipped = step(db, clock, run_id, "second").result
     assert skipped is not None and skipped.status is NodeStatus.SKIPPED
-    with sessions.begin() as s:
+    with db.begin() as s:
         assert dagruns.finish_run(s, run_id, clock.now()) == "failed"
         assert "first" in dagruns.view(s, run_id)["reason"]
 
 
 def test_node_timeout_is_retried_from_the_run_budget_then_enforced(engine: Engine) -> None:
-    sessions, clock, run_id = setup(engine)
-    submitted = [step(sessions, clock, run_id, "first").submitted_task]
+    db, clock, run_id = setup(engine)
+    submitted = [step(db, clock, run_id, "first").submitted_task]
     for _ in range(dagruns.MAX_RUN_RETRIES):
         clock.advance(31)  # timeout_ms defaults to 30 s: re-attempted under a new task id
-        again = step(sessions, clock, run_id, "first")
+        again = step(db, clock, run_id, "first")
         assert again.result is None and again.submitted_task is not None
         submitted.append(again.submitted_task)
     clock.advance(31)  # the run's budget of 3 retries is spent
-    result = step(sessions, clock, run_id, "first").result
+    result = step(db, clock, run_id, "first").result
     assert result is not None and result.status is NodeStatus.TIMEOUT
     assert submitted == [f"{run_id}.first", *(f"{run_id}.first.r{n}" for n in (1, 2, 3))]
-    with sessions() as s:
+    with db() as s:
         assert dagruns.view(s, run_id)["retries"] == 3
 
 
 def test_a_dead_node_task_is_retried_but_a_business_failure_is_not(engine: Engine) -> None:
-    sessions, clock, run_id = setup(engine)
-    step(sessions, clock, run_id, "first")
-    with sessions.begin() as s:
+    db, clock, run_id = setup(engine)
+    step(db, clock, run_id, "first")
+    with db.begin() as s:
         task = load_for_update(s, f"{run_id}.first")
         assert task is not None
         finish(s, task, "dead", clock.now(), error={"kind": "unreachable"})
-    retried = step(sessions, clock, run_id, "first")
+    retried = step(db, clock, run_id, "first")
     assert retried.submitted_task == f"{run_id}.first.r1"
-    with sessions.begin() as s:
+    with db.begin() as s:
         task = load_for_update(s, f"{run_id}.first.r1")
         assert task is not None
         finish(s, task, "failed", clock.now(), error={"kind": "business", "code": 7})
-    result = step(sessions, clock, run_id, "first").result
+    result = step(db, clock, run_id, "first").result
     assert result is not None and result.status is NodeStatus.FAILED
 
 

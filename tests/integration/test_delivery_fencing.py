@@ -31,7 +31,7 @@ SETTINGS = Settings.model_validate({"router": {"backoff_base": 0.5, "read_timeou
 
 
 @pytest.fixture
-def sessions(engine: Engine) -> sessionmaker[Session]:
+def db(engine: Engine) -> sessionmaker[Session]:
     return session_factory(engine)
 
 
@@ -42,9 +42,9 @@ def agent() -> Iterator[EnvelopeServer]:
     server.close()
 
 
-def setup(sessions: sessionmaker[Session], clock: ManualClock, addr: str) -> str:
+def setup(db: sessionmaker[Session], clock: ManualClock, addr: str) -> str:
     policy = Policy.from_settings(SETTINGS)
-    with sessions.begin() as s:
+    with db.begin() as s:
         registry.register(
             s,
             RegisterRequest(
@@ -59,10 +59,10 @@ def setup(sessions: sessionmaker[Session], clock: ManualClock, addr: str) -> str
 
 
 def attempt(
-    sessions: sessionmaker[Session], clock: ManualClock, task_id: str, seq: int
+    db: sessionmaker[Session], clock: ManualClock, task_id: str, seq: int
 ) -> Publish | None:
     return deliver_attempt(
-        sessions,
+        db,
         task_id,
         seq,
         now=clock.now,
@@ -74,18 +74,18 @@ def attempt(
     )
 
 
-def task(sessions: sessionmaker[Session], task_id: str) -> TaskRow:
-    with sessions() as s:
+def task(db: sessionmaker[Session], task_id: str) -> TaskRow:
+    with db() as s:
         row = s.scalar(select(TaskRow).where(TaskRow.task_id == task_id))
         assert row is not None
         return row
 
 
 def test_submit_writes_task_event_and_outbox_together(
-    sessions: sessionmaker[Session], agent: EnvelopeServer
+    db: sessionmaker[Session], agent: EnvelopeServer
 ) -> None:
-    task_id = setup(sessions, ManualClock(), agent.addr)
-    with sessions() as s:
+    task_id = setup(db, ManualClock(), agent.addr)
+    with db() as s:
         assert s.scalar(select(TaskRow.status).where(TaskRow.task_id == task_id)) == "pending"
         (event,) = s.scalars(select(TaskEventRow).where(TaskEventRow.task_id == task_id)).all()
         (row,) = s.scalars(select(OutboxRow).where(OutboxRow.task_id == task_id)).all()
@@ -93,13 +93,13 @@ def test_submit_writes_task_event_and_outbox_together(
 
 
 def test_concurrent_duplicate_messages_deliver_once(
-    sessions: sessionmaker[Session], agent: EnvelopeServer
+    db: sessionmaker[Session], agent: EnvelopeServer
 ) -> None:
     clock = ManualClock()
-    task_id = setup(sessions, clock, agent.addr)
+    task_id = setup(db, clock, agent.addr)
     results: list[object] = []
     threads = [
-        threading.Thread(target=lambda: results.append(attempt(sessions, clock, task_id, 1)))
+        threading.Thread(target=lambda: results.append(attempt(db, clock, task_id, 1)))
         for _ in range(2)
     ]
     for t in threads:
@@ -108,51 +108,51 @@ def test_concurrent_duplicate_messages_deliver_once(
         t.join(10)
     assert agent.calls[task_id] == 1
     assert results == [None, None]
-    assert task(sessions, task_id).status == "success"
+    assert task(db, task_id).status == "success"
     # a stale copy arriving later finds a terminal task: nothing is sent
-    assert attempt(sessions, clock, task_id, 1) is None
+    assert attempt(db, clock, task_id, 1) is None
     assert agent.calls[task_id] == 1
 
 
 def test_lost_worker_is_recovered_and_its_zombie_copy_is_fenced(
-    sessions: sessionmaker[Session], agent: EnvelopeServer
+    db: sessionmaker[Session], agent: EnvelopeServer
 ) -> None:
     clock = ManualClock()
-    task_id = setup(sessions, clock, agent.addr)
+    task_id = setup(db, clock, agent.addr)
     dpolicy = DeliveryPolicy.from_settings(SETTINGS)
     from reach.hub.delivery.claims import claim
 
-    with sessions.begin() as s:  # a worker claims the attempt, then dies before sending
+    with db.begin() as s:  # a worker claims the attempt, then dies before sending
         assert claim(s, task_id, 1, clock.now(), dpolicy) is not None
-    with sessions.begin() as s:  # the lease is still alive: nothing to recover yet
+    with db.begin() as s:  # the lease is still alive: nothing to recover yet
         assert outbox.recover(s, clock.now(), dpolicy, random.Random(1)).publish == []
-    clock.advance(dpolicy.lease_for(task(sessions, task_id)) + 1)
-    with sessions.begin() as s:
+    clock.advance(dpolicy.lease_for(task(db, task_id)) + 1)
+    with db.begin() as s:
         recovery = outbox.recover(s, clock.now(), dpolicy, random.Random(1))
     assert [(p.task_id, p.attempt_seq) for p in recovery.publish] == [(task_id, 2)]
-    assert attempt(sessions, clock, task_id, 1) is None  # the zombie's message: fenced out
+    assert attempt(db, clock, task_id, 1) is None  # the zombie's message: fenced out
     assert agent.calls[task_id] == 0
-    assert attempt(sessions, clock, task_id, 2) is None
+    assert attempt(db, clock, task_id, 2) is None
     assert agent.calls[task_id] == 1
-    row = task(sessions, task_id)
+    row = task(db, task_id)
     assert (row.status, row.attempt_seq, row.redeliveries) == ("success", 2, 1)
     assert agent.bodies[0]["attempt_seq"] == 2
     assert agent.bodies[0]["idempotency_key"] == task_id
 
 
 def test_transient_failure_schedules_a_retry_with_an_outbox_row(
-    sessions: sessionmaker[Session],
+    db: sessionmaker[Session],
 ) -> None:
     server = EnvelopeServer(status=503)
     try:
         clock = ManualClock()
-        task_id = setup(sessions, clock, server.addr)
-        retry = attempt(sessions, clock, task_id, 1)
+        task_id = setup(db, clock, server.addr)
+        retry = attempt(db, clock, task_id, 1)
         assert retry is not None and retry.attempt_seq == 2
         assert 0.4 <= retry.delay <= 0.6  # base 0.5 s, +-20 %
-        row = task(sessions, task_id)
+        row = task(db, task_id)
         assert (row.status, row.retries, row.attempt_seq) == ("pending", 1, 2)
-        with sessions() as s:
+        with db() as s:
             seqs = s.scalars(select(OutboxRow.attempt_seq).where(OutboxRow.task_id == task_id))
             assert sorted(seqs) == [1, 2]
     finally:
@@ -160,18 +160,18 @@ def test_transient_failure_schedules_a_retry_with_an_outbox_row(
 
 
 def test_overdue_pending_attempt_is_republished(
-    sessions: sessionmaker[Session], agent: EnvelopeServer
+    db: sessionmaker[Session], agent: EnvelopeServer
 ) -> None:
     clock = ManualClock()
-    task_id = setup(sessions, clock, agent.addr)
+    task_id = setup(db, clock, agent.addr)
     dpolicy = DeliveryPolicy.from_settings(SETTINGS)
     clock.advance(dpolicy.republish_grace + 1)  # its message vanished (e.g. a broker restart)
-    with sessions.begin() as s:
+    with db.begin() as s:
         recovery = outbox.recover(s, clock.now(), dpolicy, random.Random(1))
         left = outbox.unpublished(s, clock.now(), grace=2.0)
     assert [(p.task_id, p.attempt_seq) for p in recovery.publish] == [(task_id, 1)]
     assert [(p.task_id, p.attempt_seq) for p in left] == [(task_id, 1)]
-    with sessions.begin() as s:  # published once: not again within the grace
+    with db.begin() as s:  # published once: not again within the grace
         assert outbox.recover(s, clock.now(), dpolicy, random.Random(1)).publish == []
         assert outbox.unpublished(s, clock.now(), grace=2.0) == []
 
@@ -181,7 +181,7 @@ def test_overdue_pending_attempt_is_republished(
     [(None, True), (0, True), (10, True), (11, False), (5000, False)],
 )
 def test_overdue_attempts_behind_a_backlog_are_waiting_not_lost(
-    sessions: sessionmaker[Session],
+    db: sessionmaker[Session],
     agent: EnvelopeServer,
     backlog: int | None,
     republished: bool,
@@ -189,16 +189,16 @@ def test_overdue_attempts_behind_a_backlog_are_waiting_not_lost(
     """Behind a deep queue an overdue attempt is waiting its turn: republishing it would
     add a copy to the very backlog that delays it. Once the queue drains, it is."""
     clock = ManualClock()
-    task_id = setup(sessions, clock, agent.addr)
+    task_id = setup(db, clock, agent.addr)
     dpolicy = DeliveryPolicy.from_settings(SETTINGS)
     assert dpolicy.republish_backlog == 10
     clock.advance(dpolicy.republish_grace + 1)
-    with sessions.begin() as s:
+    with db.begin() as s:
         recovery = outbox.recover(s, clock.now(), dpolicy, random.Random(1), backlog=backlog)
     assert [p.task_id for p in recovery.publish] == ([task_id] if republished else [])
     assert recovery.republished == (1 if republished else 0)
     if not republished:  # the queue drained: now it is presumed lost
-        with sessions.begin() as s:
+        with db.begin() as s:
             recovery = outbox.recover(s, clock.now(), dpolicy, random.Random(1), backlog=0)
         assert [p.task_id for p in recovery.publish] == [task_id]
 
@@ -208,57 +208,57 @@ def test_overdue_attempts_behind_a_backlog_are_waiting_not_lost(
     [(60_000, 5.0), (2_000, 2.0), (10, 0.05)],  # the router's cap, the task's own, the floor
 )
 def test_claim_leases_for_connect_plus_read_plus_margin(
-    sessions: sessionmaker[Session], agent: EnvelopeServer, timeout_ms: int, read: float
+    db: sessionmaker[Session], agent: EnvelopeServer, timeout_ms: int, read: float
 ) -> None:
     from reach.hub.delivery.claims import claim
 
     clock = ManualClock()
-    task_id = setup(sessions, clock, agent.addr)
-    with sessions.begin() as s:
+    task_id = setup(db, clock, agent.addr)
+    with db.begin() as s:
         s.execute(update(TaskRow).where(TaskRow.task_id == task_id).values(timeout_ms=timeout_ms))
     dpolicy = DeliveryPolicy.from_settings(SETTINGS)
-    with sessions.begin() as s:
+    with db.begin() as s:
         first = claim(s, task_id, 1, clock.now(), dpolicy)
         second = claim(s, task_id, 1, clock.now(), dpolicy)  # the lease is alive: refused
     assert first is not None and second is None
-    row = task(sessions, task_id)
+    row = task(db, task_id)
     expected = clock.now() + dpolicy.connect_timeout + read + dpolicy.lease_margin
     assert row.status == "dispatching" and row.lease_token == first.lease_token
     assert row.lease_until == pytest.approx(expected)
     assert row.lease_until == pytest.approx(clock.now() + dpolicy.lease_for(row))
-    with sessions.begin() as s:  # a stale attempt_seq never claims
+    with db.begin() as s:  # a stale attempt_seq never claims
         assert claim(s, task_id, 2, clock.now() + 1000, dpolicy) is None
 
 
 def test_claim_after_a_lapsed_lease_counts_a_redelivery(
-    sessions: sessionmaker[Session], agent: EnvelopeServer
+    db: sessionmaker[Session], agent: EnvelopeServer
 ) -> None:
     from reach.hub.delivery.claims import claim
 
     clock = ManualClock()
-    task_id = setup(sessions, clock, agent.addr)
+    task_id = setup(db, clock, agent.addr)
     dpolicy = DeliveryPolicy.from_settings(SETTINGS)
-    with sessions.begin() as s:
+    with db.begin() as s:
         first = claim(s, task_id, 1, clock.now(), dpolicy)
-    clock.advance(dpolicy.lease_for(task(sessions, task_id)) + 0.01)
-    with sessions.begin() as s:
+    clock.advance(dpolicy.lease_for(task(db, task_id)) + 0.01)
+    with db.begin() as s:
         again = claim(s, task_id, 1, clock.now(), dpolicy)
     assert first is not None and again is not None and again.lease_token != first.lease_token
-    assert task(sessions, task_id).redeliveries == 1
+    assert task(db, task_id).redeliveries == 1
 
 
 def test_candidate_cache_reuses_for_its_ttl_and_forgets_on_clear(
-    sessions: sessionmaker[Session], agent: EnvelopeServer
+    db: sessionmaker[Session], agent: EnvelopeServer
 ) -> None:
     from reach.core.fleet.routing import RouteFilter
     from reach.hub.fleet.registry import CandidateCache
 
     clock = ManualClock()
-    setup(sessions, clock, agent.addr)
+    setup(db, clock, agent.addr)
     policy = Policy.from_settings(SETTINGS)
     cache = CandidateCache(0.5)
     flt = RouteFilter(agent_id="a")
-    with sessions() as s:
+    with db() as s:
         first = cache.get(s, flt, clock.now(), policy, "m")
         assert [c.agent_id for c in first] == ["a"]
         assert cache.get(s, flt, clock.now() + 0.4, policy, "m") is first  # within the ttl

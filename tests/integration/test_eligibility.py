@@ -84,19 +84,19 @@ def routable(ctx: HubContext, body: dict[str, Any]) -> bool:
         capability=body.get("capability"),
         rules=tuple(sorted(body.get("rules", {}).items())),
     )
-    with ctx.sessions() as s:
+    with ctx.db() as s:
         found = registry.load_candidates(s, flt, ctx.clock.now(), ctx.policy, body["method"])
     return bool(rank(found, flt))
 
 
 def tasks(ctx: HubContext) -> int:
-    with ctx.sessions() as s:
+    with ctx.db() as s:
         return int(s.scalar(select(func.count()).select_from(TaskRow)) or 0)
 
 
 def deliver(ctx: HubContext, task_id: str) -> None:
     deliver_attempt(
-        ctx.sessions,
+        ctx.db,
         task_id,
         1,
         now=ctx.clock.now,

@@ -100,7 +100,7 @@ class HoldingAgent:
 
 
 @pytest.fixture
-def sessions(engine: Engine) -> sessionmaker[Session]:
+def db(engine: Engine) -> sessionmaker[Session]:
     return session_factory(engine)
 
 
@@ -116,9 +116,9 @@ def transport() -> AgentTransport:
     return AgentTransport()
 
 
-def pipeline(sessions: sessionmaker[Session]) -> Pipeline:
+def pipeline(db: sessionmaker[Session]) -> Pipeline:
     return Pipeline(
-        sessions,
+        db,
         time.time,
         Policy.from_settings(SETTINGS),
         DeliveryPolicy.from_settings(SETTINGS),
@@ -127,10 +127,8 @@ def pipeline(sessions: sessionmaker[Session]) -> Pipeline:
     )
 
 
-def tasks(
-    sessions: sessionmaker[Session], addr: str, n: int, max_concurrency: int = 100
-) -> list[str]:
-    with sessions.begin() as s:
+def tasks(db: sessionmaker[Session], addr: str, n: int, max_concurrency: int = 100) -> list[str]:
+    with db.begin() as s:
         registry.register(
             s,
             RegisterRequest(
@@ -153,8 +151,8 @@ def begun(p: Pipeline, task_id: str) -> Dispatch:
     return d
 
 
-def row(sessions: sessionmaker[Session], task_id: str) -> TaskRow:
-    with sessions() as s:
+def row(db: sessionmaker[Session], task_id: str) -> TaskRow:
+    with db() as s:
         found = s.scalar(select(TaskRow).where(TaskRow.task_id == task_id))
         assert found is not None
         return found
@@ -166,10 +164,10 @@ def exchanger(p: Pipeline, transport: AgentTransport, **kw: Any) -> Exchanger:
 
 
 def test_a_hand_over_returns_at_once_and_the_exchanger_records_the_end(
-    sessions: sessionmaker[Session], agent: HoldingAgent, transport: AgentTransport
+    db: sessionmaker[Session], agent: HoldingAgent, transport: AgentTransport
 ) -> None:
-    p = pipeline(sessions)
-    ids = tasks(sessions, agent.addr, 20)
+    p = pipeline(db)
+    ids = tasks(db, agent.addr, 20)
     ex = exchanger(p, transport)
     started = time.monotonic()
     for task_id in ids:
@@ -179,75 +177,73 @@ def test_a_hand_over_returns_at_once_and_the_exchanger_records_the_end(
     assert ex.in_flight == 20
     agent.release.set()
     wait_until(lambda: ex.in_flight == 0, timeout=10, what="all recorded")
-    assert {row(sessions, t).status for t in ids} == {"success"}
+    assert {row(db, t).status for t in ids} == {"success"}
     assert agent.calls == 20
 
 
 def test_an_exchange_longer_than_its_lease_keeps_it_renewed(
-    sessions: sessionmaker[Session], agent: HoldingAgent, transport: AgentTransport
+    db: sessionmaker[Session], agent: HoldingAgent, transport: AgentTransport
 ) -> None:
-    p = pipeline(sessions)
-    (task_id,) = tasks(sessions, agent.addr, 1)
+    p = pipeline(db)
+    (task_id,) = tasks(db, agent.addr, 1)
     ex = exchanger(p, transport)
     ex.hand_over(begun(p, task_id))
-    first = row(sessions, task_id).lease_until
+    first = row(db, task_id).lease_until
     assert first is not None
     # the first lease covers connect + 1 s + the margin: wait past it, renewed meanwhile
     wait_until(
         lambda: time.time() > first + 0.5, timeout=30, interval=0.2, what="the first lease over"
     )
-    now = row(sessions, task_id)
+    now = row(db, task_id)
     assert (now.status, now.attempt_seq) == ("dispatching", 1)
     assert now.lease_until is not None and now.lease_until > time.time()
     # the relay's net sees nothing lapsed: the attempt stays with its live exchange
-    with sessions.begin() as s:
+    with db.begin() as s:
         recovery = outbox.recover(s, time.time(), p.dpolicy, random.Random(1))
     assert recovery.redelivered == 0
     agent.release.set()
-    wait_until(lambda: row(sessions, task_id).status == "success", timeout=10, what="success")
+    wait_until(lambda: row(db, task_id).status == "success", timeout=10, what="success")
 
 
 def test_drain_gives_back_what_is_still_in_flight(
-    sessions: sessionmaker[Session], agent: HoldingAgent, transport: AgentTransport
+    db: sessionmaker[Session], agent: HoldingAgent, transport: AgentTransport
 ) -> None:
-    p = pipeline(sessions)
-    ids = tasks(sessions, agent.addr, 3)
+    p = pipeline(db)
+    ids = tasks(db, agent.addr, 3)
     ex = exchanger(p, transport)
     for task_id in ids:
         ex.hand_over(begun(p, task_id))
     wait_until(lambda: agent.held() == 3, timeout=10, what="at the agent")
     assert ex.drain(timeout=0.3) == 3
     # their leases ended with the drain: the relay's net redelivers them now, not in ~12 s
-    with sessions.begin() as s:
+    with db.begin() as s:
         recovery = outbox.recover(s, time.time() + 0.01, p.dpolicy, random.Random(1))
     assert recovery.redelivered == 3
-    assert {(row(sessions, t).status, row(sessions, t).attempt_seq) for t in ids} == {
-        ("pending", 2)
-    }
+    assert {(row(db, t).status, row(db, t).attempt_seq) for t in ids} == {("pending", 2)}
 
 
 def test_at_most_max_concurrency_at_one_instance(
-    sessions: sessionmaker[Session], transport: AgentTransport
+    db: sessionmaker[Session], transport: AgentTransport
 ) -> None:
     agent = HoldingAgent(hold=0.3)
     try:
-        p = pipeline(sessions)
-        ids = tasks(sessions, agent.addr, 8, max_concurrency=2)
+        p = pipeline(db)
+        ids = tasks(db, agent.addr, 8, max_concurrency=2)
         ex = exchanger(p, transport)
         for task_id in ids:
             ex.hand_over(begun(p, task_id))
         wait_until(lambda: ex.in_flight == 0, timeout=30, what="all recorded")
-        assert {row(sessions, t).status for t in ids} == {"success"}
+        assert {row(db, t).status for t in ids} == {"success"}
         assert agent.most == 2  # the others waited on the loop, not at the agent (no 429)
     finally:
         agent.close()
 
 
 def test_past_max_in_flight_a_hand_over_waits_for_a_place(
-    sessions: sessionmaker[Session], agent: HoldingAgent, transport: AgentTransport
+    db: sessionmaker[Session], agent: HoldingAgent, transport: AgentTransport
 ) -> None:
-    p = pipeline(sessions)
-    ids = tasks(sessions, agent.addr, 3)
+    p = pipeline(db)
+    ids = tasks(db, agent.addr, 3)
     ex = exchanger(p, transport, max_in_flight=2)
     for task_id in ids[:2]:
         ex.hand_over(begun(p, task_id))
@@ -259,16 +255,16 @@ def test_past_max_in_flight_a_hand_over_waits_for_a_place(
     agent.release.set()
     assert handed.wait(10)
     wait_until(lambda: ex.in_flight == 0, timeout=10, what="all recorded")
-    assert {row(sessions, t).status for t in ids} == {"success"}
+    assert {row(db, t).status for t in ids} == {"success"}
 
 
 def test_an_attempt_whose_session_closed_while_it_waited_is_cancelled_unsent(
-    sessions: sessionmaker[Session], agent: HoldingAgent, transport: AgentTransport
+    db: sessionmaker[Session], agent: HoldingAgent, transport: AgentTransport
 ) -> None:
     """A task waiting in the hub for its instance's place is not in the agent's hands: a
     close of its session (or its expiry) cancels it before it is sent."""
-    p = pipeline(sessions)
-    with sessions.begin() as s:
+    p = pipeline(db)
+    with db.begin() as s:
         registry.register(
             s,
             RegisterRequest(
@@ -290,9 +286,9 @@ def test_an_attempt_whose_session_closed_while_it_waited_is_cancelled_unsent(
     for task_id in ids:
         ex.hand_over(begun(p, task_id))
     wait_until(lambda: agent.held() == 1, timeout=10, what="the first at the agent")
-    with sessions.begin() as s:
+    with db.begin() as s:
         user_sessions.close(s, "chat-1", OPEN, time.time(), reason="user left")
     agent.release.set()
     wait_until(lambda: ex.in_flight == 0, timeout=10, what="both ended")
-    assert row(sessions, ids[1]).status == "cancelled"
+    assert row(db, ids[1]).status == "cancelled"
     assert agent.calls == 1  # the waiting one was never sent

@@ -40,7 +40,7 @@ def policy() -> Policy:
 
 
 @pytest.fixture
-def sessions(engine: Engine) -> sessionmaker[Session]:
+def db(engine: Engine) -> sessionmaker[Session]:
     return session_factory(engine)
 
 
@@ -58,9 +58,9 @@ def register(
     return registry.register(s, req, NOW, policy)
 
 
-def targets(sessions: sessionmaker[Session], policy: Policy) -> None:
+def targets(db: sessionmaker[Session], policy: Policy) -> None:
     """The agents every measured operation is about."""
-    with sessions.begin() as s:
+    with db.begin() as s:
         for n in range(3):
             register(
                 s,
@@ -72,10 +72,10 @@ def targets(sessions: sessionmaker[Session], policy: Policy) -> None:
             )
 
 
-def unrelated_fleet(sessions: sessionmaker[Session], policy: Policy) -> None:
+def unrelated_fleet(db: sessionmaker[Session], policy: Policy) -> None:
     """Live agents with other tags and capabilities (probed a moment ago, so not due),
     and deregistered instances: the churn that stays for the audit trail."""
-    with sessions.begin() as s:
+    with db.begin() as s:
         for n in range(UNRELATED):
             addr = f"10.2.{n // 250}.{n % 250 + 1}:7000"
             register(
@@ -103,12 +103,10 @@ def unrelated_fleet(sessions: sessionmaker[Session], policy: Policy) -> None:
 
 
 @contextmanager
-def measured(
-    engine: Engine, sessions: sessionmaker[Session]
-) -> Iterator[tuple[Session, list[int]]]:
+def measured(engine: Engine, db: sessionmaker[Session]) -> Iterator[tuple[Session, list[int]]]:
     """A transaction whose database work is counted into the list it yields (one total)."""
     work = [0]
-    with sessions.begin() as s:
+    with db.begin() as s:
         raw = s.connection().connection.dbapi_connection
         if engine.dialect.name == "sqlite":
 
@@ -183,20 +181,20 @@ OPERATIONS: list[Callable[[Session, Policy], None]] = [
 
 
 def test_hot_paths_do_the_same_work_whatever_the_fleet(
-    engine: Engine, sessions: sessionmaker[Session], policy: Policy
+    engine: Engine, db: sessionmaker[Session], policy: Policy
 ) -> None:
-    targets(sessions, policy)
+    targets(db, policy)
 
     def work() -> dict[str, int]:
         out = {}
         for operation in OPERATIONS:
-            with measured(engine, sessions) as (s, counted):
+            with measured(engine, db) as (s, counted):
                 operation(s, policy)
             out[operation.__name__] = counted[0]
         return out
 
     alone = work()
-    unrelated_fleet(sessions, policy)
+    unrelated_fleet(db, policy)
     beside_fleet = work()
     growth = {name: beside_fleet[name] - alone[name] for name in alone}
     assert all(w > 0 for w in alone.values()), alone  # the meter measures something
@@ -205,29 +203,29 @@ def test_hot_paths_do_the_same_work_whatever_the_fleet(
 
 
 def test_the_refusal_still_names_agents_that_lack_the_method(
-    sessions: sessionmaker[Session], policy: Policy
+    db: sessionmaker[Session], policy: Policy
 ) -> None:
     from reach.errors import NoSuitableAgent
 
-    targets(sessions, policy)
-    with sessions.begin() as s, pytest.raises(NoSuitableAgent) as refused:
+    targets(db, policy)
+    with db.begin() as s, pytest.raises(NoSuitableAgent) as refused:
         check_target(s, SubmitRequest(tags=["target"], method="doc.other", payload={}), NOW)
     assert "target-0, target-1, target-2 match but declare no capability" in str(refused.value)
 
 
 def test_a_new_declaration_replaces_the_indexed_one(
-    sessions: sessionmaker[Session], policy: Policy
+    db: sessionmaker[Session], policy: Policy
 ) -> None:
     """Re-registering with other tags and capabilities: the old ones no longer find it."""
     from reach.errors import NoSuitableAgent
 
-    with sessions.begin() as s:
+    with db.begin() as s:
         register(s, policy, "mover", "10.3.0.1:7000", tags=["old"], capabilities=[CAP])
-    with sessions.begin() as s:  # the only instance re-registers: the declaration may change
+    with db.begin() as s:  # the only instance re-registers: the declaration may change
         register(
             s, policy, "mover", "10.3.0.1:7000", tags=["new"], capabilities=[{"type": "doc.new"}]
         )
-    with sessions.begin() as s:
+    with db.begin() as s:
         check_target(s, SubmitRequest(tags=["new"], method="doc.new"), NOW)
         for req in (
             SubmitRequest(tags=["old"], method="doc.new"),

@@ -65,9 +65,9 @@ from tests.support.uvicorn_thread import uvicorn_serving
 SETTINGS = Settings.model_validate({"router": {"read_timeout": 5}})
 
 
-def _deliver(sessions: sessionmaker[Session], task_id: str, seq: int = 1) -> object:
+def _deliver(db: sessionmaker[Session], task_id: str, seq: int = 1) -> object:
     return deliver_attempt(
-        sessions,
+        db,
         task_id,
         seq,
         now=ManualClock(start=1_800_000_000.0).now,
@@ -133,11 +133,11 @@ def test_the_database_lost_while_the_agent_works_is_hub_unavailable(pg_url: str)
     delivery's next transaction fails, and leaves as HubUnavailable; the task keeps its
     lease, for the lapsed-lease net."""
     engine = create_engine_for(pg_url)
-    sessions = session_factory(engine)
+    db = session_factory(engine)
     agent = EnvelopeServer(delay=1.0)
     now = 1_800_000_000.0
     try:
-        with sessions.begin() as s:
+        with db.begin() as s:
             registry.register(
                 s,
                 RegisterRequest(
@@ -163,10 +163,10 @@ def test_the_database_lost_while_the_agent_works_is_hub_unavailable(pg_url: str)
         killer = threading.Thread(target=drop_connections_during_the_call, daemon=True)
         killer.start()
         with pytest.raises(HubUnavailable, match="recording an attempt's answer"):
-            _deliver(sessions, task_id)
+            _deliver(db, task_id)
         killer.join(10)
         assert agent.calls[task_id] == 1
-        with sessions() as s:  # the pool recovers on its own; the attempt waits for the net
+        with db() as s:  # the pool recovers on its own; the attempt waits for the net
             task = s.scalar(select(TaskRow).where(TaskRow.task_id == task_id))
             assert task is not None
             assert (task.status, task.attempt_seq) == ("dispatching", 1)
@@ -343,7 +343,7 @@ def test_a_unique_race_lost_on_a_task_write_is_a_task_conflict(ctx: HubContext, 
     replay = requests.post(f"{hub}/api/v1/dead-letters/{entry['id']}/replay")
     assert replay.status_code == 409, replay.text
     assert replay.json()["type"] == TYPE + "task-conflict"
-    with ctx.sessions() as s:
+    with ctx.db() as s:
         assert s.scalar(select(TaskRow.status).where(TaskRow.task_id == task_id)) == "dead"
 
 

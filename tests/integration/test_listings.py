@@ -52,7 +52,7 @@ def ctx(store_url: str, engine: Engine, tmp_path: Path) -> Iterator[HubContext]:
 
 
 def add_tasks(ctx: HubContext, n: int, *, start: int = 0, tie_every: int = 3) -> list[str]:
-    """``n`` tasks spread over agents, callers, statuses, methods and sessions; every
+    """``n`` tasks spread over agents, callers, statuses, methods and db; every
     ``tie_every``-th pair shares a created_at (a page boundary must split ties exactly)."""
     ids = []
     with ctx.transaction() as s:
@@ -253,10 +253,10 @@ def raise_every_alert(ctx: HubContext) -> None:
     ticket = breakers.Ticket("pay-inst-1", "pay-01", 0.0, False)
     policy = BreakerPolicy()
     assert breakers.open_breaker(
-        ctx.sessions, ticket, Transition(BreakerState.OPEN, 15, 20), clock.now(), policy
+        ctx.db, ticket, Transition(BreakerState.OPEN, 15, 20), clock.now(), policy
     )
     clock.advance(1)
-    assert breakers.close(ctx.sessions, ticket, clock.now())
+    assert breakers.close(ctx.db, ticket, clock.now())
     clock.advance(1)
     watch = LinkWatch(ctx.shared_counts, threshold=20, window_s=300)
     with ctx.transaction() as s:

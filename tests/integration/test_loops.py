@@ -76,7 +76,7 @@ def client(ctx: HubContext, servers: dict[str, EnvelopeServer]) -> Iterator[Test
 
 def deliver(ctx: HubContext, task_id: str, seed: int = 1) -> None:
     deliver_attempt(
-        ctx.sessions,
+        ctx.db,
         task_id,
         1,
         now=ctx.clock.now,

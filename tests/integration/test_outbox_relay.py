@@ -80,7 +80,7 @@ def submit(ctx: HubContext, *, premarked: bool) -> str:
 
 
 def marks(ctx: HubContext, task_id: str) -> tuple[float | None, float | None]:
-    with ctx.sessions() as s:
+    with ctx.db() as s:
         out = s.scalar(select(OutboxRow.published_at).where(OutboxRow.task_id == task_id))
         last = s.scalar(select(TaskRow.last_published_at).where(TaskRow.task_id == task_id))
     return out, last
@@ -88,7 +88,7 @@ def marks(ctx: HubContext, task_id: str) -> tuple[float | None, float | None]:
 
 def claim_of(ctx: HubContext, task_id: str) -> float | None:
     """When a relay claimed the task's outbox row, while the claim is open."""
-    with ctx.sessions() as s:
+    with ctx.db() as s:
         return s.scalar(select(OutboxRow.claimed_at).where(OutboxRow.task_id == task_id))
 
 

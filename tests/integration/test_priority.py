@@ -58,7 +58,7 @@ DPOLICY = DeliveryPolicy.from_settings(SETTINGS)
 
 
 @pytest.fixture
-def sessions(engine: Engine) -> sessionmaker[Session]:
+def db(engine: Engine) -> sessionmaker[Session]:
     return session_factory(engine)
 
 
@@ -74,8 +74,8 @@ def clock() -> ManualClock:
     return ManualClock()
 
 
-def register(sessions: sessionmaker[Session], clock: ManualClock, addr: str) -> None:
-    with sessions.begin() as s:
+def register(db: sessionmaker[Session], clock: ManualClock, addr: str) -> None:
+    with db.begin() as s:
         registry.register(
             s,
             RegisterRequest(
@@ -86,8 +86,8 @@ def register(sessions: sessionmaker[Session], clock: ManualClock, addr: str) -> 
         )
 
 
-def send(sessions: sessionmaker[Session], clock: ManualClock, priority_: str) -> str:
-    with sessions.begin() as s:
+def send(db: sessionmaker[Session], clock: ManualClock, priority_: str) -> str:
+    with db.begin() as s:
         view, _ = submission.submit(
             s, SubmitRequest(agent_id="a", method="m", priority=priority_), clock.now()
         )
@@ -96,10 +96,10 @@ def send(sessions: sessionmaker[Session], clock: ManualClock, priority_: str) ->
 
 
 def attempt(
-    sessions: sessionmaker[Session], clock: ManualClock, task_id: str, seq: int
+    db: sessionmaker[Session], clock: ManualClock, task_id: str, seq: int
 ) -> Publish | None:
     return deliver_attempt(
-        sessions,
+        db,
         task_id,
         seq,
         now=clock.now,
@@ -111,21 +111,21 @@ def attempt(
     )
 
 
-def row(sessions: sessionmaker[Session], task_id: str) -> TaskRow:
-    with sessions() as s:
+def row(db: sessionmaker[Session], task_id: str) -> TaskRow:
+    with db() as s:
         found = s.scalar(select(TaskRow).where(TaskRow.task_id == task_id))
         assert found is not None
         return found
 
 
-def events(sessions: sessionmaker[Session], task_id: str) -> list[TaskEventRow]:
-    with sessions() as s:
+def events(db: sessionmaker[Session], task_id: str) -> list[TaskEventRow]:
+    with db() as s:
         query = select(TaskEventRow).where(TaskEventRow.task_id == task_id)
         return list(s.scalars(query.order_by(TaskEventRow.id)))
 
 
-def queue_of_outbox(sessions: sessionmaker[Session], task_id: str, seq: int) -> str:
-    with sessions() as s:
+def queue_of_outbox(db: sessionmaker[Session], task_id: str, seq: int) -> str:
+    with db() as s:
         found = s.scalar(
             select(OutboxRow).where(OutboxRow.task_id == task_id, OutboxRow.attempt_seq == seq)
         )
@@ -133,110 +133,110 @@ def queue_of_outbox(sessions: sessionmaker[Session], task_id: str, seq: int) -> 
         return outbox.queue_of(found.message)
 
 
-def relayed(sessions: sessionmaker[Session], now: float) -> list[Publish]:
+def relayed(db: sessionmaker[Session], now: float) -> list[Publish]:
     """What the outbox relay claims as due and scheduled at ``now``."""
-    with sessions.begin() as s:
+    with db.begin() as s:
         return outbox.scheduled(s, now)
 
 
-def busy_background(sessions: sessionmaker[Session], clock: ManualClock) -> str:
+def busy_background(db: sessionmaker[Session], clock: ManualClock) -> str:
     """A background task another worker is delivering (its lease live)."""
-    task_id = send(sessions, clock, "background")
-    with sessions.begin() as s:
+    task_id = send(db, clock, "background")
+    with db.begin() as s:
         assert claim(s, task_id, 1, clock.now(), DPOLICY) is not None
     return task_id
 
 
-def report_slots(sessions: sessionmaker[Session], clock: ManualClock, slots: int) -> None:
-    with sessions.begin() as s:
+def report_slots(db: sessionmaker[Session], clock: ManualClock, slots: int) -> None:
+    with db.begin() as s:
         priority.record_slots(s, "w1@test", slots, clock.now())
 
 
 def test_first_attempts_carry_their_queue(
-    sessions: sessionmaker[Session], clock: ManualClock, agent: EnvelopeServer
+    db: sessionmaker[Session], clock: ManualClock, agent: EnvelopeServer
 ) -> None:
-    register(sessions, clock, agent.addr)
-    online, background = send(sessions, clock, "online"), send(sessions, clock, "background")
-    assert queue_of_outbox(sessions, online, 1) == ONLINE_QUEUE
-    assert queue_of_outbox(sessions, background, 1) == BACKGROUND_QUEUE
+    register(db, clock, agent.addr)
+    online, background = send(db, clock, "online"), send(db, clock, "background")
+    assert queue_of_outbox(db, online, 1) == ONLINE_QUEUE
+    assert queue_of_outbox(db, background, 1) == BACKGROUND_QUEUE
     clock.advance(60)
-    with sessions.begin() as s:  # the relay rebuilds each attempt with its queue
+    with db.begin() as s:  # the relay rebuilds each attempt with its queue
         relayed = {p.task_id: p.queue for p in outbox.unpublished(s, clock.now(), grace=1)}
     assert relayed == {online: ONLINE_QUEUE, background: BACKGROUND_QUEUE}
 
 
 def test_background_yields_its_slot_while_online_waits(
-    sessions: sessionmaker[Session], clock: ManualClock, agent: EnvelopeServer
+    db: sessionmaker[Session], clock: ManualClock, agent: EnvelopeServer
 ) -> None:
-    register(sessions, clock, agent.addr)
-    report_slots(sessions, clock, 2)  # share 0.5: background may hold one slot
-    busy_background(sessions, clock)
-    online = send(sessions, clock, "online")
-    task_id = send(sessions, clock, "background")
+    register(db, clock, agent.addr)
+    report_slots(db, clock, 2)  # share 0.5: background may hold one slot
+    busy_background(db, clock)
+    online = send(db, clock, "online")
+    task_id = send(db, clock, "background")
 
     # nothing for the worker to publish: no countdown message held in a worker
-    assert attempt(sessions, clock, task_id, 1) is None
+    assert attempt(db, clock, task_id, 1) is None
     assert agent.calls[task_id] == 0  # not delivered
-    task = row(sessions, task_id)
+    task = row(db, task_id)
     assert (task.status, task.attempt_seq, task.retries) == ("pending", 2, 0)  # no retry spent
-    last = events(sessions, task_id)[-1]
+    last = events(db, task_id)[-1]
     assert last.kind == "deferred"
     assert last.detail["reason"] == "priority"
     assert (last.detail["background_busy"], last.detail["slots"]) == (1, 2)
-    assert queue_of_outbox(sessions, task_id, 2) == BACKGROUND_QUEUE
+    assert queue_of_outbox(db, task_id, 2) == BACKGROUND_QUEUE
     # the relay publishes it once due (0.5 s), without the grace of a left-behind row
-    assert relayed(sessions, clock.now() + 0.49) == []
-    assert relayed(sessions, clock.now() + 0.5) == [Publish(task_id, 2, 0.0, BACKGROUND_QUEUE)]
-    assert relayed(sessions, clock.now() + 60) == []  # claimed: published once
+    assert relayed(db, clock.now() + 0.49) == []
+    assert relayed(db, clock.now() + 0.5) == [Publish(task_id, 2, 0.0, BACKGROUND_QUEUE)]
+    assert relayed(db, clock.now() + 60) == []  # claimed: published once
 
     # the online task is delivered; while online traffic is live background keeps to its
     # share (a slot freed after an online task arrives is too late for it), then runs
-    assert attempt(sessions, clock, online, 1) is None
+    assert attempt(db, clock, online, 1) is None
     clock.advance(0.5)
-    assert attempt(sessions, clock, task_id, 2) is None
-    assert (row(sessions, task_id).attempt_seq, events(sessions, task_id)[-1].kind) == (
+    assert attempt(db, clock, task_id, 2) is None
+    assert (row(db, task_id).attempt_seq, events(db, task_id)[-1].kind) == (
         3,
         "deferred",
     )
     clock.advance(priority.ONLINE_RECENT_S)
-    assert attempt(sessions, clock, task_id, 3) is None
-    assert row(sessions, task_id).status == "success"
+    assert attempt(db, clock, task_id, 3) is None
+    assert row(db, task_id).status == "success"
     assert agent.calls[task_id] == 1
 
 
 def test_background_within_its_share_runs_while_online_waits(
-    sessions: sessionmaker[Session], clock: ManualClock, agent: EnvelopeServer
+    db: sessionmaker[Session], clock: ManualClock, agent: EnvelopeServer
 ) -> None:
-    register(sessions, clock, agent.addr)
-    report_slots(sessions, clock, 4)  # share 0.5: two slots; one is busy
-    busy_background(sessions, clock)
-    send(sessions, clock, "online")
-    task_id = send(sessions, clock, "background")
-    assert attempt(sessions, clock, task_id, 1) is None
-    assert row(sessions, task_id).status == "success"
+    register(db, clock, agent.addr)
+    report_slots(db, clock, 4)  # share 0.5: two slots; one is busy
+    busy_background(db, clock)
+    send(db, clock, "online")
+    task_id = send(db, clock, "background")
+    assert attempt(db, clock, task_id, 1) is None
+    assert row(db, task_id).status == "success"
 
 
 def test_background_admissions_take_turns_for_the_last_slot_of_the_share(
-    sessions: sessionmaker[Session], clock: ManualClock, agent: EnvelopeServer
+    db: sessionmaker[Session], clock: ManualClock, agent: EnvelopeServer
 ) -> None:
     """Two workers admitting background attempts at once: the second counts only after the
     first committed its claim, so both cannot take the one slot left in the share."""
-    register(sessions, clock, agent.addr)
-    report_slots(sessions, clock, 2)  # share 0.5: background may hold one slot
-    send(sessions, clock, "online")  # online waits throughout
-    first, second = send(sessions, clock, "background"), send(sessions, clock, "background")
+    register(db, clock, agent.addr)
+    report_slots(db, clock, 2)  # share 0.5: background may hold one slot
+    send(db, clock, "online")  # online waits throughout
+    first, second = send(db, clock, "background"), send(db, clock, "background")
     now = clock.now()
     answer: list[bool] = []
     counted = threading.Event()
 
     def other_worker() -> None:
-        with sessions.begin() as s:
+        with db.begin() as s:
             claimed = claim(s, second, 1, now, DPOLICY)
             assert claimed is not None
             answer.append(priority.yield_to_online(s, claimed.task_id, now, DPOLICY.priority))
         counted.set()
 
-    with sessions.begin() as s:
+    with db.begin() as s:
         claimed = claim(s, first, 1, now, DPOLICY)
         assert claimed is not None
         assert priority.yield_to_online(s, claimed.task_id, now, DPOLICY.priority) is False  # runs
@@ -245,84 +245,82 @@ def test_background_admissions_take_turns_for_the_last_slot_of_the_share(
         assert not counted.wait(0.5), "the second admission counted before the first committed"
     worker.join(10)
     assert answer == [True]  # it saw the first one's slot taken: deferred
-    assert row(sessions, second).attempt_seq == 2
+    assert row(db, second).attempt_seq == 2
 
 
 def test_a_deferred_background_task_runs_after_the_maximum_wait(
-    sessions: sessionmaker[Session], clock: ManualClock, agent: EnvelopeServer
+    db: sessionmaker[Session], clock: ManualClock, agent: EnvelopeServer
 ) -> None:
-    register(sessions, clock, agent.addr)
-    report_slots(sessions, clock, 2)
-    busy_background(sessions, clock)
-    send(sessions, clock, "online")  # never delivered: online waits throughout
-    task_id = send(sessions, clock, "background")
+    register(db, clock, agent.addr)
+    report_slots(db, clock, 2)
+    busy_background(db, clock)
+    send(db, clock, "online")  # never delivered: online waits throughout
+    task_id = send(db, clock, "background")
     seq = 1
-    while attempt(sessions, clock, task_id, seq) is None and row(sessions, task_id).status == (
-        "pending"
-    ):
-        seq = row(sessions, task_id).attempt_seq
+    while attempt(db, clock, task_id, seq) is None and row(db, task_id).status == ("pending"):
+        seq = row(db, task_id).attempt_seq
         clock.advance(1)
-        with sessions.begin() as s:  # the busy one's lease and the slots stay live
+        with db.begin() as s:  # the busy one's lease and the slots stay live
             s.execute(update(TaskRow).where(TaskRow.status == "dispatching").values(
                 lease_until=clock.now() + 60))  # fmt: skip
             priority.record_slots(s, "w1@test", 2, clock.now())
         assert seq < 10, "deferred past its bound"
-    kinds = [e.kind for e in events(sessions, task_id)]
+    kinds = [e.kind for e in events(db, task_id)]
     assert kinds.count("deferred") == 3  # at 0, 1 and 2 s after the first: 3 s is the bound
-    assert row(sessions, task_id).status == "success"
-    assert row(sessions, task_id).retries == 0
+    assert row(db, task_id).status == "success"
+    assert row(db, task_id).retries == 0
 
 
 def test_background_runs_when_no_worker_reported_slots(
-    sessions: sessionmaker[Session], clock: ManualClock, agent: EnvelopeServer
+    db: sessionmaker[Session], clock: ManualClock, agent: EnvelopeServer
 ) -> None:
-    register(sessions, clock, agent.addr)
-    with sessions.begin() as s:  # a worker that went silent
+    register(db, clock, agent.addr)
+    with db.begin() as s:  # a worker that went silent
         priority.record_slots(s, "w1@test", 2, clock.now() - priority.SLOTS_TTL_S - 1)
-    busy_background(sessions, clock)
-    send(sessions, clock, "online")
-    task_id = send(sessions, clock, "background")
-    assert attempt(sessions, clock, task_id, 1) is None
-    assert row(sessions, task_id).status == "success"
+    busy_background(db, clock)
+    send(db, clock, "online")
+    task_id = send(db, clock, "background")
+    assert attempt(db, clock, task_id, 1) is None
+    assert row(db, task_id).status == "success"
 
 
 def test_slots_add_up_across_workers_and_leave_with_them(
-    sessions: sessionmaker[Session], clock: ManualClock
+    db: sessionmaker[Session], clock: ManualClock
 ) -> None:
-    with sessions.begin() as s:
+    with db.begin() as s:
         priority.record_slots(s, "w1", 2, clock.now())
         priority.record_slots(s, "w2", 4, clock.now())
         priority.record_slots(s, "w1", 3, clock.now() + 1)  # a later report replaces the first
-    with sessions() as s:
+    with db() as s:
         assert priority.hub_slots(s, clock.now() + 1) == 7
-    with sessions.begin() as s:
+    with db.begin() as s:
         priority.forget_slots(s, "w2")
-    with sessions() as s:
+    with db() as s:
         assert priority.hub_slots(s, clock.now() + 1) == 3
         assert priority.hub_slots(s, clock.now() + 100) is None
 
 
 def test_retries_and_replays_of_background_stay_background(
-    sessions: sessionmaker[Session], clock: ManualClock
+    db: sessionmaker[Session], clock: ManualClock
 ) -> None:
     failing = EnvelopeServer(status=503)
     try:
-        register(sessions, clock, failing.addr)
-        task_id = send(sessions, clock, "background")
-        retry = attempt(sessions, clock, task_id, 1)
+        register(db, clock, failing.addr)
+        task_id = send(db, clock, "background")
+        retry = attempt(db, clock, task_id, 1)
         assert retry is not None and retry.queue == BACKGROUND_QUEUE
-        assert queue_of_outbox(sessions, task_id, 2) == BACKGROUND_QUEUE
+        assert queue_of_outbox(db, task_id, 2) == BACKGROUND_QUEUE
         clock.advance(5)
-        assert attempt(sessions, clock, task_id, 2) is None  # max_retry 1: dead-lettered
+        assert attempt(db, clock, task_id, 2) is None  # max_retry 1: dead-lettered
     finally:
         failing.close()
-    assert row(sessions, task_id).status == "dead"
-    with sessions.begin() as s:
+    assert row(db, task_id).status == "dead"
+    with db.begin() as s:
         dead = s.scalar(select(DeadLetterRow).where(DeadLetterRow.task_id == task_id))
         assert dead is not None
         replayed = deadletters.replay(s, dead.id, clock.now())
     assert replayed.queue == BACKGROUND_QUEUE
-    assert queue_of_outbox(sessions, task_id, replayed.attempt_seq) == BACKGROUND_QUEUE
+    assert queue_of_outbox(db, task_id, replayed.attempt_seq) == BACKGROUND_QUEUE
 
 
 def test_outbox_rows_written_before_priorities_go_online() -> None:

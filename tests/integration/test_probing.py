@@ -25,110 +25,108 @@ def policy() -> Policy:
 
 
 @pytest.fixture
-def sessions(engine: Engine) -> sessionmaker[Session]:
+def db(engine: Engine) -> sessionmaker[Session]:
     return session_factory(engine)
 
 
 def register(
-    sessions: sessionmaker[Session], clock: ManualClock, policy: Policy, addr: str, iid: str = "i-1"
+    db: sessionmaker[Session], clock: ManualClock, policy: Policy, addr: str, iid: str = "i-1"
 ) -> None:
     req = RegisterRequest(
         agent_id="a", instance_id=iid, addr=addr, allow_loopback=True, heartbeat_interval=10
     )
-    with sessions.begin() as s:
+    with db.begin() as s:
         registry.register(s, req, clock.now(), policy)
 
 
-def probe_round(
-    sessions: sessionmaker[Session], clock: ManualClock, policy: Policy
-) -> list[ProbeTarget]:
+def probe_round(db: sessionmaker[Session], clock: ManualClock, policy: Policy) -> list[ProbeTarget]:
     """One beat tick: claim what is due, probe it for real, record it."""
-    with sessions.begin() as s:
+    with db.begin() as s:
         targets, _ = monitoring.claim_due_probes(s, clock.now(), policy)
     for target in targets:
         outcome = probe_once(target, policy.probe_timeout, clock.now)
-        with sessions.begin() as s:
+        with db.begin() as s:
             monitoring.record_probe(s, outcome, clock.now(), policy)
     return targets
 
 
-def row(sessions: sessionmaker[Session], iid: str = "i-1") -> InstanceRow:
-    with sessions() as s:
+def row(db: sessionmaker[Session], iid: str = "i-1") -> InstanceRow:
+    with db() as s:
         r = s.get(InstanceRow, iid)
         assert r is not None
         return r
 
 
-def keep_heartbeating(sessions: sessionmaker[Session], clock: ManualClock, policy: Policy) -> None:
+def keep_heartbeating(db: sessionmaker[Session], clock: ManualClock, policy: Policy) -> None:
     from reach.wire.schemas import HeartbeatRequest
 
-    with sessions.begin() as s:
+    with db.begin() as s:
         registry.heartbeat(
             s, HeartbeatRequest(agent_id="a", instance_id="i-1"), clock.now(), policy
         )
 
 
 def test_closed_port_is_unreachable_after_exactly_three_failures_then_probed_every_30s(
-    sessions: sessionmaker[Session], policy: Policy
+    db: sessionmaker[Session], policy: Policy
 ) -> None:
     clock = ManualClock()
-    register(sessions, clock, policy, f"127.0.0.1:{closed_port()}")
+    register(db, clock, policy, f"127.0.0.1:{closed_port()}")
     seen = []
     for _ in range(3):
-        assert len(probe_round(sessions, clock, policy)) == 1
-        r = row(sessions)
+        assert len(probe_round(db, clock, policy)) == 1
+        r = row(db)
         seen.append((r.status, r.probe_status, r.next_probe_at - clock.now()))
         clock.advance(1.0)
-        keep_heartbeating(sessions, clock, policy)
+        keep_heartbeating(db, clock, policy)
     assert seen == [
         ("online", "failing", 1.0),  # score 50 (< 60): fast cadence
         ("online", "failing", 1.0),
         ("unreachable", "unreachable", 30.0),
     ]
-    r = row(sessions)
+    r = row(db)
     assert r.routable is False and r.last_probe_error == "connection refused"
     # not due again for 30 s, whatever the beat tick
     times = []
     for _ in range(65):
         clock.advance(1.0)
-        keep_heartbeating(sessions, clock, policy)
-        if probe_round(sessions, clock, policy):
+        keep_heartbeating(db, clock, policy)
+        if probe_round(db, clock, policy):
             times.append(clock.now())
     assert len(times) == 2
     assert times[1] - times[0] == 30.0
 
 
-def test_live_listener_scores_above_95(sessions: sessionmaker[Session], policy: Policy) -> None:
+def test_live_listener_scores_above_95(db: sessionmaker[Session], policy: Policy) -> None:
     clock = ManualClock()
     listener = SlowHttpListener(delay=0.0)
     try:
-        register(sessions, clock, policy, listener.addr)
+        register(db, clock, policy, listener.addr)
         for _ in range(10):
-            probe_round(sessions, clock, policy)
+            probe_round(db, clock, policy)
             clock.advance(5.0)
-            keep_heartbeating(sessions, clock, policy)
+            keep_heartbeating(db, clock, policy)
     finally:
         listener.close()
-    r = row(sessions)
+    r = row(db)
     assert r.status == "online" and r.probe_status == "ok"
     assert r.reach_score > 95
     assert len(r.probe_window) == 10 and r.loss_rate == 0.0
 
 
 def test_added_latency_gives_the_predicted_rtt_subscore(
-    sessions: sessionmaker[Session], policy: Policy
+    db: sessionmaker[Session], policy: Policy
 ) -> None:
     clock = ManualClock()
     listener = SlowHttpListener(delay=0.150)
     try:
-        register(sessions, clock, policy, listener.addr)
+        register(db, clock, policy, listener.addr)
         for _ in range(10):
-            probe_round(sessions, clock, policy)
+            probe_round(db, clock, policy)
             clock.advance(5.0)
-            keep_heartbeating(sessions, clock, policy)
+            keep_heartbeating(db, clock, policy)
     finally:
         listener.close()
-    r = row(sessions)
+    r = row(db)
     assert r.rtt_ms is not None and 150 <= r.rtt_ms < 200
     predicted_rtt_points = 30 * (500 - 150) / (500 - 20)  # 21.875 at exactly 150 ms
     measured_rtt_points = 30 * rtt_subscore(r.rtt_ms, policy.score)
@@ -137,16 +135,16 @@ def test_added_latency_gives_the_predicted_rtt_subscore(
     assert r.reach_score == pytest.approx(50 + measured_rtt_points + 20, abs=0.01)
 
 
-def test_probe_limit_skips_and_counts(sessions: sessionmaker[Session], policy: Policy) -> None:
+def test_probe_limit_skips_and_counts(db: sessionmaker[Session], policy: Policy) -> None:
     clock = ManualClock()
     for n in range(12):
-        register(sessions, clock, policy, f"10.9.0.{n + 1}:7000", iid=f"i-{n}")
-    with sessions.begin() as s:
+        register(db, clock, policy, f"10.9.0.{n + 1}:7000", iid=f"i-{n}")
+    with db.begin() as s:
         targets, skipped = monitoring.claim_due_probes(s, clock.now(), policy)
     assert (len(targets), skipped) == (8, 4)
-    with sessions.begin() as s:  # leases held: nothing more may start
+    with db.begin() as s:  # leases held: nothing more may start
         assert monitoring.claim_due_probes(s, clock.now(), policy) == ([], 4)
     clock.advance(policy.probe_timeout + 6)  # leases lapse (a prober died): reclaimable
-    with sessions.begin() as s:
+    with db.begin() as s:
         targets, skipped = monitoring.claim_due_probes(s, clock.now(), policy)
     assert (len(targets), skipped) == (8, 4)

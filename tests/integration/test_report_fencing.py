@@ -83,7 +83,7 @@ def submitted(ctx: HubContext, agent: EnvelopeServer) -> str:
 
 def deliver(ctx: HubContext, task_id: str, seq: int) -> None:
     deliver_attempt(
-        ctx.sessions,
+        ctx.db,
         task_id,
         seq,
         now=ctx.clock.now,
@@ -104,7 +104,7 @@ def accepted(ctx: HubContext, agent: EnvelopeServer) -> str:
 
 
 def row(ctx: HubContext, task_id: str) -> tuple[Any, ...]:
-    with ctx.sessions() as s:
+    with ctx.db() as s:
         t = s.scalar(select(TaskRow).where(TaskRow.task_id == task_id))
         assert t is not None
         return (t.status, t.attempt_seq, t.instance_id, t.result, t.error, t.updated_at)
@@ -267,7 +267,7 @@ def test_progress_of_the_right_attempt_is_recorded_without_the_claim_fields(
 
 
 def deadline_of(ctx: HubContext, task_id: str) -> float:
-    with ctx.sessions() as s:
+    with ctx.db() as s:
         value = s.scalar(select(TaskRow.deadline).where(TaskRow.task_id == task_id))
         assert value is not None
         return float(value)

@@ -55,7 +55,7 @@ DL_NEW = NOW - 13 * DAY
 
 
 @pytest.fixture
-def sessions(engine: Engine) -> sessionmaker[Session]:
+def db(engine: Engine) -> sessionmaker[Session]:
     return session_factory(engine)
 
 
@@ -123,8 +123,8 @@ def add_run(s: Session, run_id: str, status: str, at: float, finished: bool) -> 
         s.add(DagNodeRunRow(run_id=run_id, node_id=node, status="success", reason=""))
 
 
-def seed(sessions: sessionmaker[Session]) -> None:
-    with sessions.begin() as s:
+def seed(db: sessionmaker[Session]) -> None:
+    with db.begin() as s:
         # old and finished: go with their events, outbox rows and resolved dead letters
         for status in (TaskStatus.SUCCESS, TaskStatus.FAILED, TaskStatus.CANCELLED):
             add_task(s, f"old-{status.value}", status, OLD, finished=True)
@@ -161,15 +161,15 @@ def seed(sessions: sessionmaker[Session]) -> None:
             s.add(InstanceEventRow(instance_id="i", agent_id="a", kind=kind, detail={}, at=at))
 
 
-def column(sessions: sessionmaker[Session], col: Any) -> set[Any]:
-    with sessions() as s:
+def column(db: sessionmaker[Session], col: Any) -> set[Any]:
+    with db() as s:
         return set(s.scalars(select(col)))
 
 
-def test_exactly_the_old_finished_records_go(sessions: sessionmaker[Session]) -> None:
-    seed(sessions)
+def test_exactly_the_old_finished_records_go(db: sessionmaker[Session]) -> None:
+    seed(db)
     policy = RetentionPolicy(batch_size=2, batches=100)  # many small batches
-    deleted = retention.sweep(sessions.begin, NOW, policy)
+    deleted = retention.sweep(db.begin, NOW, policy)
 
     kept_tasks = {
         "old-dead-unresolved",
@@ -178,18 +178,18 @@ def test_exactly_the_old_finished_records_go(sessions: sessionmaker[Session]) ->
         "old-live-awaiting_approval",
         "new-success",
     }
-    assert column(sessions, TaskRow.task_id) == kept_tasks
-    assert column(sessions, TaskEventRow.task_id) == kept_tasks
-    assert column(sessions, OutboxRow.task_id) == kept_tasks
-    assert column(sessions, DeadLetterRow.task_id) == {
+    assert column(db, TaskRow.task_id) == kept_tasks
+    assert column(db, TaskEventRow.task_id) == kept_tasks
+    assert column(db, OutboxRow.task_id) == kept_tasks
+    assert column(db, DeadLetterRow.task_id) == {
         "old-dead-unresolved",
         "old-live-pending",
         "gone-unresolved",
     }
-    assert column(sessions, DagRunRow.run_id) == {"run-old-running", "run-new-success"}
-    assert column(sessions, DagNodeRunRow.run_id) == {"run-old-running", "run-new-success"}
-    assert column(sessions, BroadcastRow.broadcast_id) == {"b-new"}
-    assert column(sessions, InstanceEventRow.kind) == {"new"}
+    assert column(db, DagRunRow.run_id) == {"run-old-running", "run-new-success"}
+    assert column(db, DagNodeRunRow.run_id) == {"run-old-running", "run-new-success"}
+    assert column(db, BroadcastRow.broadcast_id) == {"b-new"}
+    assert column(db, InstanceEventRow.kind) == {"new"}
     assert deleted == {
         "tasks": 4,
         "task_events": 4,
@@ -200,22 +200,22 @@ def test_exactly_the_old_finished_records_go(sessions: sessionmaker[Session]) ->
         "broadcasts": 1,
         "instance_events": 1,
     }
-    assert retention.sweep(sessions.begin, NOW, policy) == {}  # nothing left to do
+    assert retention.sweep(db.begin, NOW, policy) == {}  # nothing left to do
 
 
-def test_a_sweep_deletes_in_bounded_batches(sessions: sessionmaker[Session]) -> None:
-    with sessions.begin() as s:
+def test_a_sweep_deletes_in_bounded_batches(db: sessionmaker[Session]) -> None:
+    with db.begin() as s:
         for i in range(7):
             add_task(s, f"t{i}", TaskStatus.SUCCESS, OLD + i, finished=True)
     policy = RetentionPolicy(batch_size=3, batches=2)  # at most 6 tasks per sweep
-    assert retention.sweep(sessions.begin, NOW, policy)["tasks"] == 6
-    assert column(sessions, TaskRow.task_id) == {"t6"}  # the oldest went first
-    assert retention.sweep(sessions.begin, NOW, policy)["tasks"] == 1
-    assert column(sessions, TaskRow.task_id) == set()
+    assert retention.sweep(db.begin, NOW, policy)["tasks"] == 6
+    assert column(db, TaskRow.task_id) == {"t6"}  # the oldest went first
+    assert retention.sweep(db.begin, NOW, policy)["tasks"] == 1
+    assert column(db, TaskRow.task_id) == set()
 
 
-def register(sessions: sessionmaker[Session], instance_id: str, now: float) -> None:
-    with sessions.begin() as s:
+def register(db: sessionmaker[Session], instance_id: str, now: float) -> None:
+    with db.begin() as s:
         registry.register(
             s,
             RegisterRequest(
@@ -226,8 +226,8 @@ def register(sessions: sessionmaker[Session], instance_id: str, now: float) -> N
         )
 
 
-def set_status(sessions: sessionmaker[Session], instance_id: str, status: str, at: float) -> None:
-    with sessions.begin() as s:
+def set_status(db: sessionmaker[Session], instance_id: str, status: str, at: float) -> None:
+    with db.begin() as s:
         row = s.get(InstanceRow, instance_id)
         assert row is not None
         row.status, row.status_changed_at, row.next_probe_at = status, at, 0.0
@@ -256,9 +256,9 @@ def test_an_instance_long_offline_is_removed_and_no_longer_probed(hub: HubContex
     from reach.tasks.maintenance import retention_sweep
 
     for instance_id in ("long-offline", "just-offline", "online"):
-        register(hub.sessions, instance_id, NOW - 100)
-    set_status(hub.sessions, "long-offline", InstanceStatus.OFFLINE.value, NOW - 11)
-    set_status(hub.sessions, "just-offline", InstanceStatus.OFFLINE.value, NOW - 9)
+        register(hub.db, instance_id, NOW - 100)
+    set_status(hub.db, "long-offline", InstanceStatus.OFFLINE.value, NOW - 11)
+    set_status(hub.db, "just-offline", InstanceStatus.OFFLINE.value, NOW - 9)
     with hub.transaction() as s:  # offline instances are probed (they may come back) ...
         due, _ = monitoring.claim_due_probes(s, NOW, hub.policy)
         assert "long-offline" in {t.instance_id for t in due}
@@ -268,7 +268,7 @@ def test_an_instance_long_offline_is_removed_and_no_longer_probed(hub: HubContex
     deleted = retention_sweep()  # the beat task, on settings from the environment
 
     assert deleted == {"instances": 1}
-    assert column(hub.sessions, InstanceRow.instance_id) == {"just-offline", "online"}
+    assert column(hub.db, InstanceRow.instance_id) == {"just-offline", "online"}
     with hub.transaction() as s:  # ... until retention removed them
         due, _ = monitoring.claim_due_probes(s, NOW, hub.policy)
         assert "long-offline" not in {t.instance_id for t in due}
@@ -307,11 +307,11 @@ def add_agent(s: Session, agent_id: str, at: float, *, override: int | None = No
     s.add(AgentCapabilityRow(agent_id=agent_id, capability="c"))
 
 
-def test_every_table_is_bounded(sessions: sessionmaker[Session]) -> None:
+def test_every_table_is_bounded(db: sessionmaker[Session]) -> None:
     """Each table grows with rows past their retention and rows within it; one sweep
-    leaves exactly the latter (issue 39: audit_log, callbacks, approvals, sessions,
+    leaves exactly the latter (issue 39: audit_log, callbacks, approvals, db,
     agents without instances, orphans of deleted tasks, unresolved dead letters)."""
-    with sessions.begin() as s:
+    with db.begin() as s:
         # an old finished task takes its callbacks and approvals along
         add_task(s, "old-paid", TaskStatus.SUCCESS, OLD, finished=True)
         add_callback(s, "old-paid", OLD)
@@ -327,7 +327,7 @@ def test_every_table_is_bounded(sessions: sessionmaker[Session]) -> None:
         add_dead_letter(s, "dl-old", DL_OLD, replayed_at=None)
         add_task(s, "dl-new", TaskStatus.DEAD, DL_NEW, finished=True)
         add_dead_letter(s, "dl-new", DL_NEW, replayed_at=None)
-        # sessions: closed or expired long ago go; open or recently closed stay
+        # db: closed or expired long ago go; open or recently closed stay
         for sid, closed, expires in (
             ("s-closed-old", OLD, None),
             ("s-expired-old", None, OLD),
@@ -347,39 +347,39 @@ def test_every_table_is_bounded(sessions: sessionmaker[Session]) -> None:
         add_agent(s, "ag-alone-old", NOW - 2 * DAY)
         add_agent(s, "ag-configured", NOW - 2 * DAY, override=5)
         add_agent(s, "ag-alone-new", NOW - 3600)
-    register(sessions, "i-deregistered", NOW - 2 * DAY)  # agent "a"
-    set_status(sessions, "i-deregistered", InstanceStatus.DEREGISTERED.value, NOW - 2 * DAY)
-    register(sessions, "i-live", NOW - 2 * DAY)
-    set_status(sessions, "i-live", InstanceStatus.ONLINE.value, NOW - 2 * DAY)
+    register(db, "i-deregistered", NOW - 2 * DAY)  # agent "a"
+    set_status(db, "i-deregistered", InstanceStatus.DEREGISTERED.value, NOW - 2 * DAY)
+    register(db, "i-live", NOW - 2 * DAY)
+    set_status(db, "i-live", InstanceStatus.ONLINE.value, NOW - 2 * DAY)
 
-    deleted = retention.sweep(sessions.begin, NOW, RetentionPolicy(batch_size=2, batches=100))
+    deleted = retention.sweep(db.begin, NOW, RetentionPolicy(batch_size=2, batches=100))
 
-    assert column(sessions, TaskRow.task_id) == {"new-paid", "dl-new"}
-    assert column(sessions, CallbackRow.task_id) == {"new-paid"}
-    assert column(sessions, ApprovalRow.task_id) == {"new-paid"}
-    assert column(sessions, DeadLetterRow.task_id) == {"dl-new"}
-    assert column(sessions, SessionRow.session_id) == {"s-closed-new", "s-open", "s-open-no-ttl"}
-    assert column(sessions, AgentLinkRow.src) == {"b"}
-    assert column(sessions, AuditRow.action) == {"keys.revoke"}
-    assert column(sessions, InstanceRow.instance_id) == {"i-live"}
-    assert column(sessions, AgentRow.agent_id) == {"a", "ag-configured", "ag-alone-new"}
-    assert column(sessions, AgentTagRow.agent_id) == {"ag-configured", "ag-alone-new"}
-    assert "ag-alone-old" not in column(sessions, AgentCapabilityRow.agent_id)
+    assert column(db, TaskRow.task_id) == {"new-paid", "dl-new"}
+    assert column(db, CallbackRow.task_id) == {"new-paid"}
+    assert column(db, ApprovalRow.task_id) == {"new-paid"}
+    assert column(db, DeadLetterRow.task_id) == {"dl-new"}
+    assert column(db, SessionRow.session_id) == {"s-closed-new", "s-open", "s-open-no-ttl"}
+    assert column(db, AgentLinkRow.src) == {"b"}
+    assert column(db, AuditRow.action) == {"keys.revoke"}
+    assert column(db, InstanceRow.instance_id) == {"i-live"}
+    assert column(db, AgentRow.agent_id) == {"a", "ag-configured", "ag-alone-new"}
+    assert column(db, AgentTagRow.agent_id) == {"ag-configured", "ag-alone-new"}
+    assert "ag-alone-old" not in column(db, AgentCapabilityRow.agent_id)
     assert deleted["callbacks"] == 2 and deleted["approvals"] == 2
     assert deleted["sessions"] == 2 and deleted["agents"] == 1 and deleted["audit_log"] == 1
     assert deleted["instances"] == 1 and deleted["agent_links"] == 1
     policy = RetentionPolicy(batch_size=2, batches=100)
-    assert retention.sweep(sessions.begin, NOW, policy) == {}  # bounded: nothing left to do
+    assert retention.sweep(db.begin, NOW, policy) == {}  # bounded: nothing left to do
 
 
 def test_a_sign_out_is_kept_until_its_session_would_have_expired(
-    sessions: sessionmaker[Session],
+    db: sessionmaker[Session],
 ) -> None:
     """The record that refuses a signed-out dashboard cookie (issue 37, item 14) goes once
     the cookie has expired anyway, and not before."""
-    with sessions.begin() as s:
+    with db.begin() as s:
         for sid, expires_at in (("expired", NOW - 1), ("live", NOW + 3600)):
             s.add(UiSignOutRow(sid=sid, key_id="k", signed_out_at=NOW - 60, expires_at=expires_at))
-    deleted = retention.sweep(sessions.begin, NOW, RetentionPolicy())
+    deleted = retention.sweep(db.begin, NOW, RetentionPolicy())
     assert deleted == {"ui_sign_outs": 1}
-    assert column(sessions, UiSignOutRow.sid) == {"live"}
+    assert column(db, UiSignOutRow.sid) == {"live"}

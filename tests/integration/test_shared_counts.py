@@ -16,13 +16,13 @@ from tests.conftest import wait_until
 
 
 @pytest.fixture
-def sessions(engine: Engine) -> sessionmaker[Session]:
+def db(engine: Engine) -> sessionmaker[Session]:
     return session_factory(engine)
 
 
-def test_two_handles_share_one_window(sessions: sessionmaker[Session]) -> None:
-    a = SharedCounts(sessions, flush_every=0.0, background=False)
-    b = SharedCounts(sessions, flush_every=0.0, background=False)
+def test_two_handles_share_one_window(db: sessionmaker[Session]) -> None:
+    a = SharedCounts(db, flush_every=0.0, background=False)
+    b = SharedCounts(db, flush_every=0.0, background=False)
     for i in range(5):
         a.add("requests", "orders", 1000.0 + i)
     for i in range(3):
@@ -40,19 +40,19 @@ def test_two_handles_share_one_window(sessions: sessionmaker[Session]) -> None:
     }
 
 
-def test_unflushed_increments_count_for_their_own_process(sessions: sessionmaker[Session]) -> None:
-    slow = SharedCounts(sessions, read_ttl=0.0, background=False)
+def test_unflushed_increments_count_for_their_own_process(db: sessionmaker[Session]) -> None:
+    slow = SharedCounts(db, read_ttl=0.0, background=False)
     slow.add("retries", "t", 10.0)
     slow.flush(10.0)  # the first flush is due at once
     slow.add("retries", "t", 10.5)
     slow.add("retries", "t", 11.0)
     assert slow.total("retries", "t", 11.0, 10) == 3
     slow.flush(10.9)  # not due yet (flush_every 1 s): nothing written
-    other = SharedCounts(sessions, read_ttl=0.0, background=False)
+    other = SharedCounts(db, read_ttl=0.0, background=False)
     assert other.total("retries", "t", 11.0, 10) == 1  # the rest is still in slow's buffer
     slow.flush(11.0, force=True)
     assert other.total("retries", "t", 11.0, 10) == 3
-    with sessions.begin() as s:
+    with db.begin() as s:
         assert s.scalar(select(func.count()).select_from(FlowCountRow)) == 2  # 10 s and 11 s
 
 
@@ -63,19 +63,19 @@ def test_window_start_covers_whole_seconds() -> None:
 
 
 def test_the_flusher_thread_writes_without_the_caller_and_inside_its_transaction(
-    sessions: sessionmaker[Session],
+    db: sessionmaker[Session],
 ) -> None:
     """A caller inside its own write transaction (a delivery's claim) adds and reads: on
     SQLite a flush in its thread would wait for the lock it holds itself."""
-    reads = read_session_factory(sessions.kw["bind"])
-    counts = SharedCounts(sessions, read_sessions=reads, flush_every=0.05, read_ttl=0.0)
-    with sessions.begin() as held:
+    reads = read_session_factory(db.kw["bind"])
+    counts = SharedCounts(db, read_db=reads, flush_every=0.05, read_ttl=0.0)
+    with db.begin() as held:
         held.execute(select(FlowCountRow).limit(1))
         held.add(FlowCountRow(name="held", key="k", bucket=1, count=1))
         held.flush()
         counts.add("requests", "agent", 500.0)
         assert counts.total("requests", "agent", 500.0, 10) == 1  # its own, unflushed
-    reader = SharedCounts(sessions, read_ttl=0.0, background=False)
+    reader = SharedCounts(db, read_ttl=0.0, background=False)
     try:
         wait_until(lambda: reader.total("requests", "agent", 500.0, 10) == 1, 10, what="flush")
     finally:
@@ -83,7 +83,7 @@ def test_the_flusher_thread_writes_without_the_caller_and_inside_its_transaction
 
 
 def test_breaker_streaks_stay_per_process_over_hub_wide_windows(
-    sessions: sessionmaker[Session],
+    db: sessionmaker[Session],
 ) -> None:
     """With shared windows each process still keeps its own streak: two processes seeing
     two failing tasks each open nothing at a streak of 3; a third in one of them does,
@@ -93,8 +93,8 @@ def test_breaker_streaks_stay_per_process_over_hub_wide_windows(
 
     policy = BreakerPolicy(min_volume=1000, streak=3)
     ticket = Ticket("i-1", "a", 0.0, False)
-    a = Breakers(shared=SharedCounts(sessions, read_ttl=0.0, background=False))
-    b = Breakers(shared=SharedCounts(sessions, read_ttl=0.0, background=False))
+    a = Breakers(shared=SharedCounts(db, read_ttl=0.0, background=False))
+    b = Breakers(shared=SharedCounts(db, read_ttl=0.0, background=False))
     for proc, task in ((a, "t1"), (b, "t2"), (a, "t3"), (b, "t4")):
         assert proc.record(ticket, False, 100.0, policy, task_id=task) is None
     assert b.record(ticket, True, 100.1, policy, task_id="t5") is None  # b's run ends
@@ -112,7 +112,7 @@ def test_a_total_during_a_flush_counts_its_increments_once(engine: Engine) -> No
     count them twice."""
     writes = session_factory(engine)
     counts = SharedCounts(
-        writes, read_sessions=read_session_factory(engine), read_ttl=60.0, background=False
+        writes, read_db=read_session_factory(engine), read_ttl=60.0, background=False
     )
     for i in range(4):
         counts.add("link", "e>f", 100.0 + i * 0.1)
@@ -154,7 +154,7 @@ def test_a_read_that_overlaps_a_commit_is_read_again_and_not_cached(engine: Engi
     loop guard would then miss the flushed counts for the whole ``read_ttl``)."""
     counts = _ReadThenFlush(
         session_factory(engine),
-        read_sessions=read_session_factory(engine),
+        read_db=read_session_factory(engine),
         read_ttl=60.0,
         background=False,
     )

@@ -50,7 +50,7 @@ def _submit(ctx: HubContext) -> str:
 
 
 def _marks(ctx: HubContext, task_id: str) -> tuple[float | None, float | None]:
-    with ctx.sessions() as s:
+    with ctx.db() as s:
         out = s.scalar(select(OutboxRow.published_at).where(OutboxRow.task_id == task_id))
         last = s.scalar(select(TaskRow.last_published_at).where(TaskRow.task_id == task_id))
     return out, last

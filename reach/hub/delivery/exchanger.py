@@ -185,7 +185,7 @@ class Exchanger:
         here, and nothing is left to record), or the instance's breaker opened (the
         attempt waits as for backpressure; a trial goes all the same)."""
         now = self.pipeline.now()
-        with self.pipeline.sessions.begin() as session:
+        with self.pipeline.db.begin() as session:
             if d.session_id is not None and user_sessions.cancel_if_closed(
                 session, d.task_id, d.session_id, now
             ):
@@ -295,7 +295,7 @@ class Exchanger:
             return 0
         until = now + self.pipeline.dpolicy.renewed_lease()
         leases = [(f.dispatch.task_id, f.dispatch.token) for f in due]
-        with self.pipeline.sessions.begin() as session:
+        with self.pipeline.db.begin() as session:
             renewed = renew(session, leases, until)
         for f in due:
             f.expires = until
@@ -315,7 +315,7 @@ class Exchanger:
             left = [(f.dispatch.task_id, f.dispatch.token) for f in self._in_flight.values()]
         if left:
             try:
-                with self.pipeline.sessions.begin() as session:
+                with self.pipeline.db.begin() as session:
                     renew(session, left, self.pipeline.now())
                 log.warning("gave back %d exchange(s) still in flight", len(left))
             except Exception as exc:  # their leases lapse on their own

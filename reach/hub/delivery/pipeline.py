@@ -61,7 +61,7 @@ class Pipeline:
     makes the breakers' windows hub-wide and enables the per-target retry budget
     (``reach.hub.flow.retry_budget``); without it, neither."""
 
-    sessions: sessionmaker[Session]
+    db: sessionmaker[Session]
     now: Callable[[], float]
     policy: Policy
     dpolicy: DeliveryPolicy
@@ -84,7 +84,7 @@ class Pipeline:
             budget_wait = retry_budget.precheck(
                 self.shared, task_id, now(), dpolicy.retry_budget, rng
             )
-        with self.sessions.begin() as session:
+        with self.db.begin() as session:
             claimed = claim(session, task_id, attempt_seq, now(), dpolicy)
             if claimed is None:
                 return None
@@ -121,7 +121,7 @@ class Pipeline:
         return self._signed(routed)
 
     def _transact(self, work: Callable[[Session], Any]) -> Any:
-        with self.sessions.begin() as session:
+        with self.db.begin() as session:
             return work(session)
 
     def _signed(self, d: Dispatch) -> Dispatch:
@@ -133,7 +133,7 @@ class Pipeline:
         if self.dpolicy.sign_deliveries and d.protocol != PROTOCOL_A2A:
             dp = self.dpolicy
             signer = self.signer or Signer(
-                self.sessions, issuer=dp.issuer, ttl_s=dp.token_ttl_s, seal=dp.seal
+                self.db, issuer=dp.issuer, ttl_s=dp.token_ttl_s, seal=dp.seal
             )
             # the body is encoded once, here: the token binds these exact bytes, and they
             # are what is posted
@@ -158,7 +158,7 @@ class Pipeline:
     def record_progress(self, d: Dispatch, update: a2a_rules.Progress) -> None:
         """A status update a streaming (A2A) exchange brought, as the task's progress
         while the attempt holds its lease (blocking: call it on a thread)."""
-        a2a_exchange.record_progress(self.sessions, d.task_id, d.token, update, self.now())
+        a2a_exchange.record_progress(self.db, d.task_id, d.token, update, self.now())
 
     @database_outage("recording an attempt's answer")
     def conclude(self, d: Dispatch, exchanged: Exchanged, elapsed: float) -> Publish | None:
@@ -176,10 +176,10 @@ class Pipeline:
         # an mTLS refusal says nothing of the instance's health (and the task ends anyway)
         if not answer.refused:
             breaker_store.observe(
-                self.sessions, self.breakers, d.ticket, outcome, self.now(),
+                self.db, self.breakers, d.ticket, outcome, self.now(),
                 self.dpolicy.breaker, self.shared, d.task_id,
             )  # fmt: skip
-        with self.sessions.begin() as session:
+        with self.db.begin() as session:
             if outcome is Outcome.SUCCESS:
                 body = answer.body if isinstance(answer.body, dict) else {}
                 detail = {"instance_id": d.instance_id, "attempt_seq": d.attempt_seq}
@@ -192,7 +192,7 @@ class Pipeline:
 
 
 def deliver_attempt(
-    sessions: sessionmaker[Session],
+    db: sessionmaker[Session],
     task_id: str,
     attempt_seq: int,
     *,
@@ -208,7 +208,7 @@ def deliver_attempt(
 ) -> Publish | None:
     """Begin, exchange and conclude one attempt, blocking until the agent answers;
     returns a retry to publish, if any. The exchange runs on ``transport``'s loop."""
-    pipeline = Pipeline(sessions, now, policy, dpolicy, rng, breakers, candidates, signer, shared)
+    pipeline = Pipeline(db, now, policy, dpolicy, rng, breakers, candidates, signer, shared)
     begun = pipeline.begin(task_id, attempt_seq)
     if not isinstance(begun, Dispatch):
         return begun

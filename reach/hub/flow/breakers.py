@@ -251,7 +251,7 @@ def claim_trial(session: Session, instance_id: str, now: float, policy: BreakerP
 
 @database_outage("a circuit breaker's transition")
 def observe(
-    sessions: sessionmaker[Session],
+    db: sessionmaker[Session],
     breakers: Breakers,
     ticket: Ticket,
     outcome: Outcome,
@@ -270,7 +270,7 @@ def observe(
         return
     if ticket.trial:
         if success:
-            close(sessions, ticket, now)
+            close(db, ticket, now)
             breakers.forget(ticket.instance_id)
         else:
             log.info(
@@ -284,15 +284,15 @@ def observe(
     if not success and reopens(ticket.closed_at, now, policy):
         # still recovering from its last opening: one failure is evidence enough
         recovering = Transition(BreakerState.OPEN, 1, 1, "recovery")
-        open_breaker(sessions, ticket, recovering, now, policy)
+        open_breaker(db, ticket, recovering, now, policy)
         return
     transition = breakers.record(ticket, success, now, policy, shared, task_id)
     if transition is not None and transition.to is BreakerState.OPEN:
-        open_breaker(sessions, ticket, transition, now, policy)
+        open_breaker(db, ticket, transition, now, policy)
 
 
 def open_breaker(
-    sessions: sessionmaker[Session],
+    db: sessionmaker[Session],
     ticket: Ticket,
     transition: Transition,
     now: float,
@@ -300,7 +300,7 @@ def open_breaker(
 ) -> bool:
     """Open a closed breaker (one that is open already stays as it is); True if it opened."""
     until = now + policy.trial_interval_s
-    with sessions.begin() as session:
+    with db.begin() as session:
         opened = _rowcount(
             session.execute(
                 update(InstanceRow)
@@ -351,9 +351,9 @@ def open_breaker(
     return True
 
 
-def close(sessions: sessionmaker[Session], ticket: Ticket, now: float) -> bool:
+def close(db: sessionmaker[Session], ticket: Ticket, now: float) -> bool:
     """Close the breaker after a successful trial; True if this call closed it."""
-    with sessions.begin() as session:
+    with db.begin() as session:
         closed = _rowcount(
             session.execute(
                 update(InstanceRow)

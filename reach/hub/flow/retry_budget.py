@@ -87,7 +87,7 @@ def precheck(
     (``BEGIN IMMEDIATE``) for a read."""
     if not budget.enabled:
         return None
-    with shared.read_sessions.begin() as session:
+    with shared.read_db.begin() as session:
         row = session.execute(
             select(TaskRow.agent_id, TaskRow.instance_id, TaskRow.retries, TaskRow.caller).where(
                 TaskRow.task_id == task_id

@@ -68,9 +68,9 @@ class SharedCounts:
 
     def __init__(
         self,
-        sessions: sessionmaker[Session],
+        db: sessionmaker[Session],
         *,
-        read_sessions: sessionmaker[Session] | None = None,
+        read_db: sessionmaker[Session] | None = None,
         flush_every: float = 1.0,
         read_ttl: float = 0.5,
         keep_s: int = 3600,
@@ -78,8 +78,8 @@ class SharedCounts:
     ) -> None:
         """``background=False`` (tests with a controlled clock): nothing flushes on its
         own; ``flush`` writes when called."""
-        self._sessions = sessions
-        self._read_sessions = read_sessions or sessions
+        self._sessions = db
+        self._read_sessions = read_db or db
         self._background = background
         self._flusher_pid: int | None = None
         self._stopped = threading.Event()
@@ -98,7 +98,7 @@ class SharedCounts:
         self._pruned_at = -math.inf
 
     @property
-    def read_sessions(self) -> sessionmaker[Session]:
+    def read_db(self) -> sessionmaker[Session]:
         """Read-only transactions on the same store (never SQLite's write lock)."""
         return self._read_sessions
 

@@ -79,12 +79,12 @@ class CompletionBus:
     def enabled(self) -> bool:
         return self.url is not None
 
-    def attach(self, sessions: sessionmaker[Session]) -> None:
+    def attach(self, db: sessionmaker[Session]) -> None:
         """Publish what each committed transaction finished; forget it on rollback."""
         if not self.enabled:
             return
-        event.listen(sessions, "after_commit", self._after_commit)
-        event.listen(sessions, "after_soft_rollback", _forget)
+        event.listen(db, "after_commit", self._after_commit)
+        event.listen(db, "after_soft_rollback", _forget)
 
     def _after_commit(self, session: Session) -> None:
         keys = session.info.pop(_PENDING, None)

@@ -66,7 +66,7 @@ def schedule(session: Session, approval_id: str) -> None:
     session.info.setdefault(_PENDING, []).append(approval_id)
 
 
-def attach(sessions: sessionmaker[Session], publish: Callable[[str], object]) -> None:
+def attach(db: sessionmaker[Session], publish: Callable[[str], object]) -> None:
     """Publish each committed transaction's scheduled webhooks with ``publish``."""
 
     def after_commit(session: Session) -> None:
@@ -79,15 +79,15 @@ def attach(sessions: sessionmaker[Session], publish: Callable[[str], object]) ->
     def forget(session: Session, previous_transaction: Any) -> None:
         session.info.pop(_PENDING, None)
 
-    event.listen(sessions, "after_commit", after_commit)
-    event.listen(sessions, "after_soft_rollback", forget)
+    event.listen(db, "after_commit", after_commit)
+    event.listen(db, "after_soft_rollback", forget)
 
 
 # -- delivery: in a worker ----------------------------------------------------------------
 
 
 def deliver(
-    sessions: sessionmaker[Session],
+    db: sessionmaker[Session],
     settings: ApprovalSettings,
     approval_id: str,
     now: float,
@@ -99,7 +99,7 @@ def deliver(
     url = settings.webhook_url
     if not url:
         return Sent(Answer.DROP, "approval.webhook_url is not set")
-    with sessions.begin() as session:
+    with db.begin() as session:
         row = session.scalar(select(ApprovalRow).where(ApprovalRow.approval_id == approval_id))
         if row is None:
             return Sent(Answer.DROP, "no such approval")

@@ -146,7 +146,7 @@ def _schedule(session: Session, ids: Any) -> None:
         session.info.setdefault(_PENDING, []).extend(int(i) for i in ids)
 
 
-def attach(sessions: sessionmaker[Session], publish: Callable[[int], object]) -> None:
+def attach(db: sessionmaker[Session], publish: Callable[[int], object]) -> None:
     """Publish each committed transaction's due callbacks with ``publish``."""
     from sqlalchemy import event
 
@@ -160,8 +160,8 @@ def attach(sessions: sessionmaker[Session], publish: Callable[[int], object]) ->
     def forget(session: Session, previous_transaction: Any) -> None:
         session.info.pop(_PENDING, None)
 
-    event.listen(sessions, "after_commit", after_commit)
-    event.listen(sessions, "after_soft_rollback", forget)
+    event.listen(db, "after_commit", after_commit)
+    event.listen(db, "after_soft_rollback", forget)
 
 
 def due_ids(session: Session, now: float, limit: int = 500) -> list[int]:
@@ -205,7 +205,7 @@ class Post:
 
 
 def prepare(
-    sessions: sessionmaker[Session],
+    db: sessionmaker[Session],
     settings: CallbackSettings,
     callback_id: int,
     now: float,
@@ -216,7 +216,7 @@ def prepare(
     opened with ``seal``): the `Post` to send, or what the attempt came to without one
     (not due, the task gone, the URL refused)."""
     lease = settings.timeout_s * 2 + 5
-    with sessions.begin() as session:
+    with db.begin() as session:
         claimed = cast(
             CursorResult[Any],
             session.execute(
@@ -248,16 +248,16 @@ def prepare(
         kid, pem = key.kid, signing.private_pem(key, seal)
     if body_dict is None:
         gone = "the task is gone or not terminal"
-        return _record(sessions, callback_id, "dead", gone, attempts, now, settings, rng)
+        return _record(db, callback_id, "dead", gone, attempts, now, settings, rng)
     body = canonical(body_dict)
     try:
         refusal = rules.url_refusal(url, settings.allow_private, outbound.resolve)
     except OSError as exc:  # resolution may work next time
         detail = f"the host does not resolve: {type(exc).__name__}"
-        return _record(sessions, callback_id, "retry", detail, attempts, now, settings, rng)
+        return _record(db, callback_id, "retry", detail, attempts, now, settings, rng)
     if refusal is not None:
         detail = f"refused: {refusal}"
-        return _record(sessions, callback_id, "dead", detail, attempts, now, settings, rng)
+        return _record(db, callback_id, "dead", detail, attempts, now, settings, rng)
     headers = outbound.signed_headers(
         body, kid, pem, rules.CALLBACK_TYP, extra={ID_HEADER: str(callback_id)}
     )
@@ -266,7 +266,7 @@ def prepare(
 
 
 def answered(
-    sessions: sessionmaker[Session],
+    db: sessionmaker[Session],
     settings: CallbackSettings,
     post: Post,
     status: int | None,
@@ -280,11 +280,11 @@ def answered(
     else:
         answer, detail = answer_of(status), f"HTTP {status}"
     outcome = {Answer.DELIVERED: "delivered", Answer.DROP: "dead"}.get(answer, "retry")
-    return _record(sessions, post.callback_id, outcome, detail, post.attempts, now, settings, rng)
+    return _record(db, post.callback_id, outcome, detail, post.attempts, now, settings, rng)
 
 
 def deliver(
-    sessions: sessionmaker[Session],
+    db: sessionmaker[Session],
     settings: CallbackSettings,
     callback_id: int,
     now: float,
@@ -294,16 +294,16 @@ def deliver(
 ) -> Sent:
     """Claim, POST and record one callback, blocking (tools and tests; a worker POSTs
     from its exchanger's loop instead: ``reach.tasks.callbacks``)."""
-    post = prepare(sessions, settings, callback_id, now, rng, seal)
+    post = prepare(db, settings, callback_id, now, rng, seal)
     if isinstance(post, Sent):
         return post
     timeout = (post.connect_timeout, post.timeout)
     status, error = outbound.post(post.url, post.body, post.headers, timeout)
-    return answered(sessions, settings, post, status, error, clock() if clock else now, rng)
+    return answered(db, settings, post, status, error, clock() if clock else now, rng)
 
 
 def _record(
-    sessions: sessionmaker[Session],
+    db: sessionmaker[Session],
     callback_id: int,
     outcome: str,
     detail: str,
@@ -323,7 +323,7 @@ def _record(
     else:
         outcome = "dead"
         values.update(status=Status.DEAD, next_attempt_at=None, last_error=detail[:2000])
-    with sessions.begin() as session:
+    with db.begin() as session:
         session.execute(update(CallbackRow).where(CallbackRow.id == callback_id).values(**values))
     CALLBACKS_TOTAL.labels(outcome).inc()
     if outcome == "dead":

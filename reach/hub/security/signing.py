@@ -158,7 +158,7 @@ class Signer:
 
     def __init__(
         self,
-        sessions: sessionmaker[Session],
+        db: sessionmaker[Session],
         *,
         issuer: str,
         ttl_s: float,
@@ -166,7 +166,7 @@ class Signer:
         timer: Callable[[], float] = time.monotonic,
         seal: SealKey | None = None,
     ) -> None:
-        self._sessions = sessions
+        self._sessions = db
         self._seal = seal
         self.issuer = issuer
         self.ttl_s = min(ttl_s, MAX_TTL_S)

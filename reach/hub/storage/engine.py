@@ -87,7 +87,7 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
-READ_ONLY = "reach_read_only"  # execution option of the engine behind read-only sessions
+READ_ONLY = "reach_read_only"  # execution option of the engine behind read-only db
 
 
 def _sqlite_begin_immediate(conn: Any) -> None:

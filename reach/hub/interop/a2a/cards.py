@@ -306,7 +306,7 @@ def due_refreshes(
 
 
 def refresh_one(
-    sessions: Any,
+    db: Any,
     item: tuple[str, str, str, str | None, bool, int],
     now: Any,
     policy: Policy,
@@ -319,7 +319,7 @@ def refresh_one(
     instance_id, agent_id, card_url, credential, allow_loopback, slots = item
     try:
         fetched = fetch_card(card_url, timeout, allow_loopback=allow_loopback, rule=policy.network)
-        with sessions.begin() as session:
+        with db.begin() as session:
             register_card(
                 session,
                 fetched,
@@ -335,7 +335,7 @@ def refresh_one(
             )
         return True
     except ReachError as exc:
-        with sessions.begin() as session:
+        with db.begin() as session:
             row = session.get(InstanceRow, instance_id, with_for_update=True)
             if row is not None and (row.a2a or {}).get("card_error") != exc.detail:
                 row.a2a = {**(row.a2a or {}), "card_error": exc.detail}

@@ -116,7 +116,7 @@ def envelope_of(answer: AgentAnswer, verdict: rules.Verdict) -> AgentAnswer:
 
 
 def record_progress(
-    sessions: sessionmaker[Session],
+    db: sessionmaker[Session],
     task_id: str,
     lease_token: str,
     progress: rules.Progress,
@@ -124,7 +124,7 @@ def record_progress(
 ) -> None:
     """A status update of the stream, as the task's progress, while the attempt still
     holds its lease (a fenced-out copy records nothing)."""
-    with sessions.begin() as session:
+    with db.begin() as session:
         task = load_for_update(session, task_id)
         if task is None or task.status != TaskStatus.DISPATCHING or task.lease_token != lease_token:
             return
@@ -191,7 +191,7 @@ Post = Callable[[str, dict[str, Any], float, float, dict[str, str]], AgentAnswer
 
 
 def follow(
-    sessions: sessionmaker[Session],
+    db: sessionmaker[Session],
     post: Post,
     *,
     now: Callable[[], float],
@@ -203,7 +203,7 @@ def follow(
     seal: SealKey | None = None,
 ) -> list[Any]:
     """Poll every followed A2A task once; the retries to publish (failed follows)."""
-    with sessions.begin() as session:
+    with db.begin() as session:
         due = due_follows(session, seal=seal)
     publish: list[Any] = []
     for item, peer in due:
@@ -215,7 +215,7 @@ def follow(
             peer.headers(),
         )
         verdict = rules.judge_response(answer.status, answer.body)
-        with sessions.begin() as session:
+        with db.begin() as session:
             again = _apply(session, item, answer, verdict, now(), retry, rng, poll_failures)
         if again is not None:
             publish.append(again)
