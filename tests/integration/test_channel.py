@@ -22,9 +22,11 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 import reach
-from tests.conftest import REPO, Stack, wait_until
 from tests.support import processes
 from tests.support.channel_agent import read_journal
+from tests.support.paths import REPO
+from tests.support.stacks import Stack
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -24,8 +24,8 @@ from reach.hub.fleet import registry
 from reach.hub.flow.breakers import Breakers
 from reach.hub.settings import load_settings
 from reach.hub.storage.models import TaskRow
-from tests.conftest import free_port
 from tests.support.envelope_server import EnvelopeServer
+from tests.support.ports import free_port
 
 PROBLEM = "urn:agent-reach:problem:"
 

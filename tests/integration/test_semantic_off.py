@@ -21,7 +21,9 @@ import reach
 from reach.hub.api import HubContext, create_app
 from reach.hub.settings import load_settings
 from reach.hub.storage.models import AgentCapabilityRow, AgentRow, TaskRow
-from tests.conftest import REPO, HubProcess, free_port, hub_env, wait_http_ok
+from tests.support.paths import REPO
+from tests.support.ports import free_port
+from tests.support.stacks import HubProcess, hub_env, wait_http_ok
 
 OFF = "urn:agent-reach:problem:semantic-matching-off"
 INVALID = "urn:agent-reach:problem:invalid-task-request"
