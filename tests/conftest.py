@@ -1,7 +1,8 @@
 """Shared fixtures: real stores (SQLite file, PostgreSQL), real Redis, hub processes.
 
-Every store-touching test runs against both SQLite and PostgreSQL. The plain helpers
-these fixtures hand out (stores, stacks, waiting) live in tests/support.
+Every store-touching test runs against both SQLite and PostgreSQL; tests/acceptance narrows
+that to PostgreSQL in its own conftest. The plain helpers these fixtures hand out (stores,
+stacks, waiting) live in tests/support.
 """
 
 from __future__ import annotations

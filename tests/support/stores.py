@@ -31,7 +31,8 @@ def pg(sql: str) -> None:
         conn.execute(sql)  # type: ignore[arg-type]
 
 
-STORES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+POSTGRES = pytest.param("postgres", marks=pytest.mark.postgres)
+STORES = ["sqlite", POSTGRES]
 
 
 @contextmanager
