@@ -36,9 +36,12 @@ from google.protobuf import json_format
 
 import reach
 from reach.sdk.stream import parse_sse
-from tests.conftest import REPO, HubProcess, Stack, free_port, wait_http_ok, wait_until
 from tests.support.a2a_echo import A2aEchoProcess, message_ids
+from tests.support.paths import REPO
+from tests.support.ports import free_port
 from tests.support.progress_agent import ProgressAgentProcess
+from tests.support.stacks import HubProcess, Stack, wait_http_ok
+from tests.support.waiting import wait_until
 
 STACK_SETTINGS = {
     "REACH_A2A__CARD_REFRESH_S": "1",

@@ -23,16 +23,10 @@ import reach
 from reach.errors import PROBLEM_TYPE_PREFIX
 from reach.hub.storage import create_engine_for
 from reach.hub.storage.models import TaskRow
-from tests.conftest import (
-    REPO,
-    AgentProcess,
-    HubProcess,
-    Stack,
-    free_port,
-    hub_env,
-    wait_http_ok,
-    wait_until,
-)
+from tests.support.paths import REPO
+from tests.support.ports import free_port
+from tests.support.stacks import AgentProcess, HubProcess, Stack, hub_env, wait_http_ok
+from tests.support.waiting import wait_until
 
 LIMIT = 5
 PAYLOAD_CAP = 2048

@@ -14,9 +14,12 @@ from typing import Any
 import requests
 
 import reach
-from tests.conftest import REPO, free_port, hub_env, wait_until
 from tests.support.holding_proxy import HoldingProxy
+from tests.support.paths import REPO
+from tests.support.ports import free_port
 from tests.support.reach_tokens import HubStore, bearer, encoded, mint
+from tests.support.stacks import hub_env
+from tests.support.waiting import wait_until
 
 
 def start_agent(script: Path, hub: str, port: int, *extra: str) -> subprocess.Popen[bytes]:

@@ -1,4 +1,4 @@
-"""Agents that think, through a real hub (api, worker, beat; SQLite and PostgreSQL): an
+"""Agents that think, through a real hub (api, worker, beat; PostgreSQL): an
 ``async def`` handler's value comes back as the task's data, over HTTP and over the
 channel; a handler longer than ``accept_after`` ends the task by the SDK's own report,
 kept alive past the hub's watchdog; a failure after the 202 is retried by the hub.
@@ -19,11 +19,20 @@ from typing import Any
 import pytest
 
 import reach
-from tests.conftest import Stack, free_port, wait_until
+from tests.support.ports import free_port
+from tests.support.stacks import Stack
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
-SETTINGS = {"REACH_ROUTER__WATCHDOG_GRACE": "1", "REACH_ROUTER__BACKOFF_BASE": "0.2"}
+STACK_SETTINGS = {"REACH_ROUTER__WATCHDOG_GRACE": "1", "REACH_ROUTER__BACKOFF_BASE": "0.2"}
+
+
+@pytest.fixture
+def stack(shared_stack: Stack) -> Stack:
+    """Every test here shares one hub (a 1 s watchdog grace, fast retries); each agent
+    has an id of its own, so no test's agent stands in for another's."""
+    return shared_stack
 
 
 @contextmanager
@@ -49,25 +58,24 @@ def kinds(stack: Stack, task_id: str) -> list[str]:
     return [e["kind"] for e in stack.events(task_id)]
 
 
-@pytest.mark.parametrize("stack", [SETTINGS], indirect=True)
 @pytest.mark.parametrize("channel", [False, True], ids=["http", "channel"])
 def test_an_async_handler_through_the_hub_ends_success_with_its_data(
     stack: Stack, channel: bool
 ) -> None:
-    with thinking_agent(stack, "thinker", channel=channel) as agent:
+    agent_id = "thinker-channel" if channel else "thinker"
+    with thinking_agent(stack, agent_id, channel=channel) as agent:
 
         @agent.route("think")
         async def think(task_id: str, payload: dict[str, Any]) -> dict[str, Any]:
             await asyncio.sleep(0.1)
             return {"thought": payload["q"] * 2}
 
-        sub = reach.send(agent_id="thinker", method="think", payload={"q": "ab"}, hub=stack.url)
+        sub = reach.send(agent_id=agent_id, method="think", payload={"q": "ab"}, hub=stack.url)
         result = reach.wait_for_result(sub.task_id, timeout=30, hub=stack.url)
     assert result.data == {"thought": "abab"}
     assert "ack" not in kinds(stack, sub.task_id)  # answered at once: no 202
 
 
-@pytest.mark.parametrize("stack", [SETTINGS], indirect=True)
 @pytest.mark.parametrize(
     ("kind", "channel"),
     [("def", False), ("async def", False), ("async def", True)],
@@ -80,7 +88,8 @@ def test_a_handler_longer_than_accept_after_ends_success_by_report(
     watchdog fail it at ~3.5 s; keepalives every second hold it off until the 5 s run
     reports its value. One run, one attempt."""
     runs: list[str] = []
-    with thinking_agent(stack, "slow-thinker", accept_after=0.5, channel=channel) as agent:
+    agent_id = f"slow-thinker-{kind.replace(' ', '-')}" + ("-channel" if channel else "")
+    with thinking_agent(stack, agent_id, accept_after=0.5, channel=channel) as agent:
         if kind == "def":
 
             @agent.route("think")
@@ -97,7 +106,7 @@ def test_a_handler_longer_than_accept_after_ends_success_by_report(
                 await asyncio.sleep(5)
                 return {"slept": 5}
 
-        sub = reach.send(agent_id="slow-thinker", method="think", timeout_ms=2000, hub=stack.url)
+        sub = reach.send(agent_id=agent_id, method="think", timeout_ms=2000, hub=stack.url)
         result = reach.wait_for_result(sub.task_id, timeout=40, hub=stack.url)
         events = kinds(stack, sub.task_id)
     assert result.data == {"slept": 5}
@@ -106,7 +115,6 @@ def test_a_handler_longer_than_accept_after_ends_success_by_report(
     assert stack.task(sub.task_id)["attempt_seq"] == 1
 
 
-@pytest.mark.parametrize("stack", [SETTINGS], indirect=True)
 def test_a_failure_after_the_202_is_retried_by_the_hub(stack: Stack) -> None:
     runs: list[str] = []
     with thinking_agent(stack, "flaky-thinker", accept_after=0.2) as agent:

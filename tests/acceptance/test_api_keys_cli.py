@@ -20,7 +20,8 @@ from tests.acceptance.test_sdk_credentials import (
     online,
     reach_cli,
 )
-from tests.conftest import Stack, hub_env, wait_until
+from tests.support.stacks import Stack, hub_env
+from tests.support.waiting import wait_until
 
 STACK_SETTINGS = {"REACH_SECURITY__REQUIRE_AUTH": "true"}
 AGENT = "kc-worker"

@@ -30,8 +30,10 @@ from reach.hub.security.sealing import SealKey
 from reach.hub.security.signing import public_jwk
 from reach.hub.settings import ApprovalSettings
 from reach.hub.storage import create_engine_for, session_factory
-from tests.conftest import Stack, free_port, wait_until
 from tests.support.counting_agent import CountingAgentProcess
+from tests.support.ports import free_port
+from tests.support.stacks import Stack
+from tests.support.waiting import wait_until
 
 RECEIVER_PORT = free_port()
 RECEIVER_URL = f"http://127.0.0.1:{RECEIVER_PORT}/hooks/approvals"

@@ -23,17 +23,11 @@ from sqlalchemy import MetaData, select
 
 from reach.core.security.auth import Scope
 from reach.hub.storage import create_engine_for
-from tests.conftest import (
-    HubProcess,
-    Stack,
-    free_port,
-    start_stack,
-    stop_stack,
-    wait_http_ok,
-    wait_until,
-)
 from tests.support.counting_agent import CountingAgentProcess
+from tests.support.ports import free_port
+from tests.support.stacks import HubProcess, Stack, start_stack, stop_stack, wait_http_ok
 from tests.support.trust_agents import PROBLEM, Key, api, make_key
+from tests.support.waiting import wait_until
 
 STACK_SETTINGS = {
     "REACH_SECURITY__REQUIRE_AUTH": "true",

@@ -18,8 +18,11 @@ import requests
 
 import reach
 from tests.acceptance.test_sdk_credentials import Key, create_key, reach_cli
-from tests.conftest import REPO, Stack, free_port, wait_until
 from tests.support import processes
+from tests.support.paths import REPO
+from tests.support.ports import free_port
+from tests.support.stacks import Stack
+from tests.support.waiting import wait_until
 
 STACK_SETTINGS = {"REACH_SECURITY__REQUIRE_AUTH": "true"}
 AGENT = "shop"

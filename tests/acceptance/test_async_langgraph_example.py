@@ -19,7 +19,10 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, Stack, free_port, wait_until
+from tests.support.paths import REPO
+from tests.support.ports import free_port
+from tests.support.stacks import Stack
+from tests.support.waiting import wait_until
 
 EXAMPLE = REPO / "examples" / "agents" / "async_langgraph.py"
 HELPER_ID = "order-desk-01"

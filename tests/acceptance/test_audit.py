@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from reach.core.security.auth import Scope
-from tests.conftest import Stack, wait_until
+from tests.support.stacks import Stack
 from tests.support.trust_agents import (
     PROBLEM,
     Key,
@@ -27,6 +27,7 @@ from tests.support.trust_agents import (
     online,
     reach_cli,
 )
+from tests.support.waiting import wait_until
 
 STACK_SETTINGS = {"REACH_SECURITY__REQUIRE_AUTH": "true"}
 PLUGIN = "au-plugin"  # L3: may call late.do, callable by the caller key

@@ -19,7 +19,8 @@ from sqlalchemy import func, select
 import reach
 from reach.hub.storage import create_engine_for
 from reach.hub.storage.models import TaskRow
-from tests.conftest import AgentProcess, Stack, wait_until
+from tests.support.stacks import AgentProcess, Stack
+from tests.support.waiting import wait_until
 
 TRIAL_INTERVAL = 3.0
 STACK_SETTINGS = {

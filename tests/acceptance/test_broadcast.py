@@ -9,7 +9,8 @@ import pytest
 import requests
 
 import reach
-from tests.conftest import AgentProcess, Stack, wait_until
+from tests.support.stacks import AgentProcess, Stack
+from tests.support.waiting import wait_until
 
 # A synchronous delivery holds its worker slot for the agent's whole answer: four slots let
 # the two slow targets run beside the fast ones (slow agents should answer 202 instead).

@@ -22,9 +22,11 @@ from sqlalchemy import select
 import reach
 from reach.hub.storage import create_engine_for
 from reach.hub.storage.models import CallbackRow, TaskRow
-from tests.conftest import HubProcess, Stack, free_port, hub_env, wait_http_ok, wait_until
 from tests.support.callback_receiver import CallbackReceiverProcess
+from tests.support.ports import free_port
 from tests.support.progress_agent import ProgressAgentProcess
+from tests.support.stacks import HubProcess, Stack, hub_env, wait_http_ok
+from tests.support.waiting import wait_until
 
 STACK_SETTINGS = {
     "REACH_CALLBACKS__ALLOW_PRIVATE": "true",

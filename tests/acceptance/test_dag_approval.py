@@ -19,8 +19,10 @@ import pytest
 import requests
 
 import reach
-from tests.conftest import AgentProcess, Stack, free_port, wait_until
 from tests.support.counting_agent import CountingAgentProcess
+from tests.support.ports import free_port
+from tests.support.stacks import AgentProcess, Stack
+from tests.support.waiting import wait_until
 
 STACK_SETTINGS = {"REACH_APPROVAL__TIMEOUT_S": "600"}
 STACK_WORKER_CONCURRENCY = 2

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import AgentProcess, Stack, wait_until
+from tests.support.stacks import AgentProcess, Stack
+from tests.support.waiting import wait_until
 
 pytestmark = [
     pytest.mark.postgres,

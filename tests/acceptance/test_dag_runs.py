@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import requests
 
-from tests.conftest import AgentProcess, Stack, wait_until
+from tests.support.stacks import AgentProcess, Stack
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture

@@ -24,8 +24,10 @@ import requests
 from reach.core.security.auth import Scope
 from reach.hub.security import apikeys
 from reach.hub.storage import create_engine_for, session_factory
-from tests.conftest import HubProcess, Stack, free_port, hub_env, wait_http_ok, wait_until
+from tests.support.ports import free_port
+from tests.support.stacks import HubProcess, Stack, hub_env, wait_http_ok
 from tests.support.trust_agents import Key, TrustAgent, api, make_key, online
+from tests.support.waiting import wait_until
 
 STACK_SETTINGS = {
     "REACH_SECURITY__REQUIRE_AUTH": "true",

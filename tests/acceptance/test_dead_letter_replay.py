@@ -9,7 +9,8 @@ import pytest
 import requests
 
 import reach
-from tests.conftest import AgentProcess, Stack, wait_until
+from tests.support.stacks import AgentProcess, Stack
+from tests.support.waiting import wait_until
 
 STACK_SETTINGS = {
     "REACH_ROUTER__MAX_RETRY": "1",

@@ -15,7 +15,8 @@ import requests
 
 import reach
 from reach.core.delivery.retry import RetryPolicy, delay_bounds
-from tests.conftest import AgentProcess, Stack, hub_env, wait_until
+from tests.support.stacks import AgentProcess, Stack, hub_env
+from tests.support.waiting import wait_until
 
 STACK_SETTINGS = {
     "REACH_ROUTER__BACKOFF_BASE": "0.2",

@@ -13,8 +13,11 @@ import pytest
 import requests
 
 import reach
-from tests.conftest import REPO, Stack, free_port, wait_until
 from tests.support.demo_agents import running
+from tests.support.paths import REPO
+from tests.support.ports import free_port
+from tests.support.stacks import Stack
+from tests.support.waiting import wait_until
 
 DEMO_AGENTS = {
     "sales-agent-01": "sales_agent.py",

@@ -21,8 +21,10 @@ import pytest
 import requests
 
 import reach
-from tests.conftest import Stack, free_port, wait_until
 from tests.support.outage_agent import OutageAgentProcess, split
+from tests.support.ports import free_port
+from tests.support.stacks import Stack
+from tests.support.waiting import wait_until
 
 COMMON = {
     "REACH_ROUTER__BACKOFF_BASE": "0.05",

@@ -12,7 +12,9 @@ import pytest
 import requests
 
 import reach
-from tests.conftest import AgentProcess, HubProcess, Stack, free_port, hub_env, wait_until
+from tests.support.ports import free_port
+from tests.support.stacks import AgentProcess, HubProcess, Stack, hub_env
+from tests.support.waiting import wait_until
 
 
 def flower_get(port: int, path: str, **params: str) -> Any:

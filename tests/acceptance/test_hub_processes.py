@@ -16,7 +16,10 @@ from sqlalchemy import select
 
 from reach.hub.storage import create_engine_for, session_factory
 from reach.hub.storage.models import InstanceRow
-from tests.conftest import REPO, HubProcess, free_port, hub_env, wait_http_ok, wait_until
+from tests.support.paths import REPO
+from tests.support.ports import free_port
+from tests.support.stacks import HubProcess, hub_env, wait_http_ok
+from tests.support.waiting import wait_until
 
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
 

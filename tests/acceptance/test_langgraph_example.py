@@ -18,8 +18,11 @@ import pytest
 from fastapi import FastAPI
 
 import reach
-from tests.conftest import REPO, Stack, free_port, wait_until
+from tests.support.paths import REPO
+from tests.support.ports import free_port
+from tests.support.stacks import Stack
 from tests.support.uvicorn_thread import uvicorn_serving
+from tests.support.waiting import wait_until
 
 EXAMPLE = REPO / "examples" / "agents" / "langgraph_agent.py"
 AGENT_ID = "ticket-triage-01"

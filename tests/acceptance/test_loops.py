@@ -28,9 +28,12 @@ from sqlalchemy import Engine, select
 from reach.core.security.auth import Scope
 from reach.hub.storage import create_engine_for
 from reach.hub.storage.models import AuditRow, TaskRow
-from tests.conftest import REPO, Stack, free_port, wait_until
 from tests.support import processes
+from tests.support.paths import REPO
+from tests.support.ports import free_port
+from tests.support.stacks import Stack
 from tests.support.trust_agents import Key, api, audit_rows, make_key, online
+from tests.support.waiting import wait_until
 
 WINDOW_S = 6
 STACK_SETTINGS = {

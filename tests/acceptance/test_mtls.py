@@ -19,8 +19,11 @@ import requests
 import urllib3
 
 import reach
-from tests.conftest import REPO, Stack, free_port, wait_until
 from tests.support import processes
+from tests.support.paths import REPO
+from tests.support.ports import free_port
+from tests.support.stacks import Stack
+from tests.support.waiting import wait_until
 
 STACK_SETTINGS = {
     "REACH_ROUTER__CANDIDATE_TTL": "0",  # a trust change routes at once

@@ -28,8 +28,10 @@ from reach.hub.flow import priority
 from reach.hub.settings import ExchangeSettings
 from reach.hub.storage import create_engine_for, session_factory
 from reach.hub.storage.models import OutboxRow
-from tests.conftest import Stack, free_port, start_stack, stop_stack, wait_until
 from tests.support.counting_agent import CountingAgentProcess
+from tests.support.ports import free_port
+from tests.support.stacks import Stack, start_stack, stop_stack
+from tests.support.waiting import wait_until
 
 FLOOD = 16  # background tasks of SLOW_S each
 PLACES = 2 * ExchangeSettings().max_in_flight  # a worker of 2 processes: its exchange places

@@ -32,10 +32,13 @@ from reach.core.security.tokens import body_digest, claims_for
 from reach.hub.security import signing
 from reach.hub.security.sealing import SealKey
 from reach.hub.storage import create_engine_for, session_factory
-from tests.conftest import REPO, Stack, free_port, wait_until
 from tests.support import processes
+from tests.support.paths import REPO
+from tests.support.ports import free_port
 from tests.support.reach_tokens import HubStore, bearer, encoded, hub_key, mint, sign
+from tests.support.stacks import Stack
 from tests.support.uvicorn_thread import uvicorn_serving
+from tests.support.waiting import wait_until
 
 STACK_SETTINGS = {"REACH_SECURITY__REQUIRE_AUTH": "true"}
 SCRIPT = REPO / "tests" / "acceptance" / "agents" / "token_agent.py"

@@ -22,8 +22,10 @@ from sqlalchemy import select
 
 from reach.hub.storage import create_engine_for, session_factory
 from reach.hub.storage.models import ApiKeyRow, InstanceRow
-from tests.conftest import REPO, free_port, hub_env, wait_until
-from tests.support.ports import free_block
+from tests.support.paths import REPO
+from tests.support.ports import free_block, free_port
+from tests.support.stacks import hub_env
+from tests.support.waiting import wait_until
 
 DEMO = {"doc-analyzer-01", "summarizer-01", "sales-agent-01", "knowledge-agent-01", "chat-agent-01"}
 # what Celery and uvicorn print: "[2026-12-01 20:20:07,174: INFO/MainProcess] …",

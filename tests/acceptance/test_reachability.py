@@ -14,8 +14,11 @@ import pytest
 import requests
 
 import reach
-from tests.conftest import REPO, AgentProcess, Stack, free_port, wait_until
 from tests.support.listeners import slow_listeners
+from tests.support.paths import REPO
+from tests.support.ports import free_port
+from tests.support.stacks import AgentProcess, Stack
+from tests.support.waiting import wait_until
 
 FAST_PROBES = {
     "REACH_PROBE__INTERVAL": "0.3",

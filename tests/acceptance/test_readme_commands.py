@@ -9,7 +9,9 @@ from pathlib import Path
 
 import requests
 
-from tests.conftest import REPO, free_port, wait_until
+from tests.support.paths import REPO
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
 
 
 def readme_commands() -> list[str]:

@@ -19,8 +19,11 @@ import pytest
 import requests
 
 import reach
-from tests.conftest import REPO, Stack, free_port, wait_until
 from tests.support import processes
+from tests.support.paths import REPO
+from tests.support.ports import free_port
+from tests.support.stacks import Stack
+from tests.support.waiting import wait_until
 
 STACK_SETTINGS = {"REACH_SECURITY__REQUIRE_AUTH": "true"}
 AGENT_SCRIPT = REPO / "tests" / "acceptance" / "agents" / "keyed_agent.py"

@@ -13,7 +13,10 @@ import pytest
 import requests
 
 from tests.acceptance.test_reach_up import reach_up, wait_banner
-from tests.conftest import REPO, free_port, hub_env, wait_until
+from tests.support.paths import REPO
+from tests.support.ports import free_port
+from tests.support.stacks import hub_env
+from tests.support.waiting import wait_until
 from tests.unit.test_seed_config import SEED_CONFIG
 
 

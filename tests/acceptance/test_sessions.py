@@ -21,9 +21,11 @@ import pytest
 import reach
 from reach.core.gates.sessions import CLOSED_SESSIONS_HEADER, parse_closed
 from reach.core.security.auth import Scope
-from tests.conftest import Stack, free_port, wait_until
+from tests.support.ports import free_port
 from tests.support.session_agent import SessionAgentProcess
+from tests.support.stacks import Stack
 from tests.support.trust_agents import PROBLEM, Key, api, make_key, reach_cli
+from tests.support.waiting import wait_until
 
 STACK_SETTINGS = {
     "REACH_SECURITY__REQUIRE_AUTH": "true",

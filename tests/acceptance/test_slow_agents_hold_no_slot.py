@@ -31,8 +31,10 @@ import reach
 from reach.hub.storage import create_engine_for, session_factory
 from reach.hub.storage.models import CallbackRow
 from reach.sdk.tls import LISTEN_BACKLOG
-from tests.conftest import Stack, free_port, wait_http_ok, wait_until
 from tests.support.a2a_echo import A2aEchoProcess, message_ids
+from tests.support.ports import free_port
+from tests.support.stacks import Stack, wait_http_ok
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -26,8 +26,11 @@ import requests
 
 import reach
 from reach.sdk.stream import parse_sse
-from tests.conftest import REPO, Stack, free_port, wait_until
+from tests.support.paths import REPO
+from tests.support.ports import free_port
 from tests.support.progress_agent import ProgressAgentProcess
+from tests.support.stacks import Stack
+from tests.support.waiting import wait_until
 
 STACK_SETTINGS = {"REACH_SERVER__STREAM_PING_S": "1"}
 PROBLEM = "urn:agent-reach:problem:"

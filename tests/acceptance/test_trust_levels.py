@@ -21,7 +21,8 @@ from sqlalchemy import Engine, select
 from reach.core.security.auth import Scope
 from reach.hub.storage import create_engine_for, session_factory
 from reach.hub.storage.models import AgentRow, AuditRow, TaskEventRow, TaskRow
-from tests.conftest import Stack, free_port, wait_until
+from tests.support.ports import free_port
+from tests.support.stacks import Stack
 from tests.support.trust_agents import (
     PROBLEM,
     Key,
@@ -33,6 +34,7 @@ from tests.support.trust_agents import (
     online,
     reach_cli,
 )
+from tests.support.waiting import wait_until
 
 STACK_SETTINGS = {
     "REACH_SECURITY__REQUIRE_AUTH": "true",

@@ -22,7 +22,7 @@ import pytest
 
 from bench.flow import FLOW
 from bench.report import SCENARIOS
-from tests.conftest import PG_ADMIN_DSN
+from tests.support.stores import PG_ADMIN_DSN
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -29,9 +29,12 @@ from reach.cli.supervisor import DEMO_AGENTS
 from reach.core.security.auth import Scope
 from reach.hub.security import apikeys
 from reach.hub.storage import create_engine_for, session_factory, upgrade_database
-from tests.conftest import REPO, Stack, free_port, start_stack, stop_stack, wait_until
 from tests.support import processes
+from tests.support.paths import REPO
+from tests.support.ports import free_port
+from tests.support.stacks import Stack, start_stack, stop_stack
 from tests.support.trust_agents import Key
+from tests.support.waiting import wait_until
 
 SETTINGS = {
     "REACH_SECURITY__REQUIRE_AUTH": "true",

@@ -21,7 +21,8 @@ from playwright.sync_api import Page, sync_playwright
 
 from tests.browser import chromium
 from tests.browser.demo import FLAKY, FLAKY_METHOD, SLOW, DemoHub, demo_hub
-from tests.conftest import REPO, wait_until
+from tests.support.paths import REPO
+from tests.support.waiting import wait_until
 
 OUT = REPO / "docs" / "screenshots"
 # page name -> what it shows (the README's tour links each file)

@@ -10,7 +10,7 @@ from playwright.sync_api import Dialog, Page, expect
 
 from tests.browser.chromium import sign_in
 from tests.browser.demo import DEMO_IDS, FLAKY, FLAKY_METHOD, SLOW, DemoHub
-from tests.conftest import wait_until
+from tests.support.waiting import wait_until
 
 
 def test_sign_in_with_a_wrong_key_shows_why_and_stays_signed_out(page: Page, demo: DemoHub) -> None:

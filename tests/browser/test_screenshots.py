@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from tests.browser.screenshots import OUT, PAGES, urls
-from tests.conftest import REPO
+from tests.support.paths import REPO
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -27,8 +27,10 @@ import pytest
 import requests
 
 import reach
-from tests.conftest import Stack, free_port, start_stack, stop_stack, wait_until
 from tests.support.dedup_agent import DedupAgentProcess
+from tests.support.ports import free_port
+from tests.support.stacks import Stack, start_stack, stop_stack
+from tests.support.waiting import wait_until
 
 pytestmark = [
     pytest.mark.postgres,

@@ -19,16 +19,10 @@ from pathlib import Path
 import pytest
 
 import reach
-from tests.conftest import (
-    HubProcess,
-    Stack,
-    free_port,
-    start_stack,
-    stop_stack,
-    wait_http_ok,
-    wait_until,
-)
 from tests.support.counting_agent import CountingAgentProcess
+from tests.support.ports import free_port
+from tests.support.stacks import HubProcess, Stack, start_stack, stop_stack, wait_http_ok
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.postgres
 

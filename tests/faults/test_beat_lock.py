@@ -20,7 +20,8 @@ import pytest
 
 from reach.hub.storage import create_engine_for
 from reach.hub.storage.leases import LeaseStore
-from tests.conftest import HubProcess, hub_env, wait_until
+from tests.support.stacks import HubProcess, hub_env
+from tests.support.waiting import wait_until
 
 LEASE_S, RENEW_S, POLL_S = 3.0, 1.0, 0.5
 BOUND_S = LEASE_S + POLL_S

@@ -30,9 +30,12 @@ import pytest
 import requests
 
 import reach
-from tests.conftest import REPO, HubProcess, free_port, hub_env, wait_http_ok, wait_until
 from tests.support import processes
 from tests.support.channel_agent import read_journal
+from tests.support.paths import REPO
+from tests.support.ports import free_port
+from tests.support.stacks import HubProcess, hub_env, wait_http_ok
+from tests.support.waiting import wait_until
 
 HOST_ADDR, AGENT_ADDR = "10.231.10.1", "10.231.10.2"  # a /30 of this helper's own
 AGENT_ID = "nat-ns"

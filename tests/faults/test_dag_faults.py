@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 import requests
 
-from tests.conftest import AgentProcess, Stack, start_stack, stop_stack, wait_until
 from tests.faults.test_delivery_faults import FAULT_SETTINGS, PrivateRedis
+from tests.support.stacks import AgentProcess, Stack, start_stack, stop_stack
+from tests.support.waiting import wait_until
 
 pytestmark = [
     pytest.mark.postgres,

@@ -20,14 +20,9 @@ from sqlalchemy import func, select
 import reach
 from reach.hub.storage import create_engine_for, session_factory
 from reach.hub.storage.models import TaskRow
-from tests.conftest import (
-    AgentProcess,
-    Stack,
-    start_stack,
-    stop_stack,
-    wait_until,
-)
 from tests.support.private_redis import PrivateRedis
+from tests.support.stacks import AgentProcess, Stack, start_stack, stop_stack
+from tests.support.waiting import wait_until
 
 pytestmark = [
     pytest.mark.postgres,

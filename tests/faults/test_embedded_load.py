@@ -22,8 +22,9 @@ import pytest
 import requests
 
 import reach
-from tests.conftest import HubProcess, free_port, hub_env, wait_http_ok, wait_until
-from tests.support.ports import free_block
+from tests.support.ports import free_block, free_port
+from tests.support.stacks import HubProcess, hub_env, wait_http_ok
+from tests.support.waiting import wait_until
 
 CALLERS = 20
 TASKS_PER_CALLER = 50

@@ -21,9 +21,12 @@ from pathlib import Path
 import pytest
 
 import reach
-from tests.conftest import REPO, Stack, free_port, start_stack, stop_stack, wait_until
 from tests.support import processes
+from tests.support.paths import REPO
+from tests.support.ports import free_port
 from tests.support.slow_agent import read_counts
+from tests.support.stacks import Stack, start_stack, stop_stack
+from tests.support.waiting import wait_until
 
 pytestmark = [
     pytest.mark.parametrize("store_url", ["sqlite"], indirect=True),

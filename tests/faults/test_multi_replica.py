@@ -27,8 +27,10 @@ from sqlalchemy import func, select
 import reach
 from reach.hub.storage import create_engine_for, session_factory
 from reach.hub.storage.models import TaskEventRow, TaskRow
-from tests.conftest import HubProcess, free_port, hub_env, wait_http_ok, wait_until
 from tests.support.counting_agent import CountingAgentProcess
+from tests.support.ports import free_port
+from tests.support.stacks import HubProcess, hub_env, wait_http_ok
+from tests.support.waiting import wait_until
 
 pytestmark = [
     pytest.mark.postgres,

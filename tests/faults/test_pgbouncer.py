@@ -20,10 +20,10 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
 from reach.hub.storage import create_engine_for
-from tests.conftest import Stack, start_stack, stop_stack
 from tests.faults.test_slow_agents import SETTINGS, all_succeeded, check_counted, slow_agent, submit
 from tests.support.pgbouncer import pgbouncer
 from tests.support.private_redis import PrivateRedis
+from tests.support.stacks import Stack, start_stack, stop_stack
 
 pytestmark = [
     pytest.mark.postgres,

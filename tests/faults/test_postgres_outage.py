@@ -26,9 +26,11 @@ from sqlalchemy import func, select
 import reach
 from reach.hub.storage import create_engine_for, session_factory
 from reach.hub.storage.models import TaskRow
-from tests.conftest import Stack, free_port, start_stack, stop_stack, wait_until
 from tests.support.counting_agent import CountingAgentProcess
+from tests.support.ports import free_port
 from tests.support.private_postgres import PrivatePostgres
+from tests.support.stacks import Stack, start_stack, stop_stack
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.postgres
 

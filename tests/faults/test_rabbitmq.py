@@ -27,10 +27,12 @@ from reach.hub.ledger.tasks import Publish
 from reach.hub.settings import load_settings
 from reach.worker.factory import create_celery
 from reach.worker.publisher import Publisher
-from tests.conftest import Stack, free_port, start_stack, stop_stack, wait_until
 from tests.support import private_rabbitmq
 from tests.support.counting_agent import CountingAgentProcess, Counts
+from tests.support.ports import free_port
 from tests.support.private_rabbitmq import PrivateRabbitMQ
+from tests.support.stacks import Stack, start_stack, stop_stack
+from tests.support.waiting import wait_until
 
 pytestmark = [
     pytest.mark.postgres,

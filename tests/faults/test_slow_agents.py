@@ -25,13 +25,16 @@ from pathlib import Path
 import pytest
 
 import reach
-from tests.conftest import REPO, Stack, free_port, start_stack, stop_stack, wait_until
 from tests.faults.test_delivery_faults import recovery_events, statuses
 from tests.support import processes
 from tests.support.counting_agent import CountingAgentProcess, read_journal
 from tests.support.listeners import SlowHttpListener
+from tests.support.paths import REPO
+from tests.support.ports import free_port
 from tests.support.private_redis import PrivateRedis
 from tests.support.slow_agent import read_counts
+from tests.support.stacks import Stack, start_stack, stop_stack
+from tests.support.waiting import wait_until
 
 pytestmark = [
     pytest.mark.postgres,

@@ -25,20 +25,14 @@ import redis
 import requests
 
 from reach.hub.storage import upgrade_database
-from tests.conftest import (
-    PG_ADMIN_DSN,
-    PG_URL_TEMPLATE,
-    REDIS_URL,
-    free_port,
-    start_stack,
-    stop_stack,
-    wait_http_ok,
-    wait_until,
-)
+from tests.support.ports import free_port
+from tests.support.stacks import start_stack, stop_stack, wait_http_ok
+from tests.support.stores import PG_ADMIN_DSN, PG_URL_TEMPLATE, REDIS_URL
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.install
 
-# Not one of the per-xdist-worker databases of tests/conftest.py (14, 13, ...) nor bench's.
+# Not one of the per-xdist-worker databases of tests/support/stores.py (14, 13, ...) nor bench's.
 INSTALL_REDIS_URL = os.environ.get("REACH_INSTALL_REDIS_URL", f"{REDIS_URL}/15")
 AGENT_ID = "install-check-agent"
 

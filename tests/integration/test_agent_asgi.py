@@ -21,9 +21,10 @@ from fastapi import FastAPI
 
 import reach
 from reach.sdk.dispatch import MAX_REQUEST_BYTES
-from tests.conftest import free_port, wait_until
 from tests.support.listeners import closed_port
+from tests.support.ports import free_port
 from tests.support.uvicorn_thread import uvicorn_serving
+from tests.support.waiting import wait_until
 
 PREFIX = "/reach"
 

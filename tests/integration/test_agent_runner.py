@@ -27,9 +27,10 @@ import requests
 import reach
 from reach.sdk import trace
 from reach.sdk.hub_client import default_api_key
-from tests.conftest import free_port, wait_until
+from tests.support.ports import free_port
 from tests.support.recording_hub import DOWN, STALE, RecordingHub
 from tests.support.uvicorn_thread import uvicorn_serving
+from tests.support.waiting import wait_until
 
 KEY = "rk_runner_secretsecret"
 

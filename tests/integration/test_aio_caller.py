@@ -29,9 +29,11 @@ import reach.aio as aio
 from reach.core.security.auth import Scope
 from reach.sdk import trace
 from reach.sdk.aio_client import loop_session, open_pools
-from tests.conftest import Stack, free_port, wait_until
 from tests.integration.test_foreign_errors import _NotAHub
+from tests.support.ports import free_port
+from tests.support.stacks import Stack
 from tests.support.trust_agents import make_key
+from tests.support.waiting import wait_until
 
 AGENT = "aio-callee"
 TAG = "aio-test"

@@ -43,8 +43,10 @@ from reach.hub.storage.models import (
     TaskRow,
 )
 from reach.worker.context import HubContext
-from tests.conftest import HubProcess, free_port, hub_env, snapshot, wait_http_ok
 from tests.support.envelope_server import EnvelopeServer
+from tests.support.ports import free_port
+from tests.support.stacks import HubProcess, hub_env, wait_http_ok
+from tests.support.stores import snapshot
 
 TYPE = "urn:agent-reach:problem:"
 PROBLEM = "application/problem+json"

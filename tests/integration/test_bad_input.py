@@ -26,8 +26,8 @@ from reach.hub.settings import load_settings
 from reach.hub.storage import create_engine_for
 from reach.hub.storage.models import OutboxRow, TaskEventRow, TaskRow
 from reach.worker.context import HubContext
-from tests.conftest import snapshot
 from tests.integration.test_registry_api import PROBLEM, TYPE, reg
+from tests.support.stores import snapshot
 
 # the body limit by default: router.max_payload_bytes plus the envelope (admission.body_limit)
 LIMIT = 1_048_576 + ENVELOPE_BYTES

@@ -29,8 +29,8 @@ from reach.hub.settings import Settings
 from reach.hub.storage import session_factory
 from reach.hub.storage.models import InstanceEventRow, InstanceRow, TaskEventRow
 from reach.wire.schemas import HeartbeatRequest, RegisterRequest, SubmitRequest
-from tests.conftest import snapshot
 from tests.support.envelope_server import EnvelopeServer
+from tests.support.stores import snapshot
 
 SETTINGS = Settings.model_validate(
     {

@@ -19,7 +19,8 @@ import requests
 
 from reach.hub.api.lanes import CallerLane, caller_tokens
 from reach.hub.flow import admission
-from tests.conftest import PG_ADMIN_DSN, wait_until
+from tests.support.stores import PG_ADMIN_DSN
+from tests.support.waiting import wait_until
 
 FLOOD = 60  # more than the 40 threads every request shares
 

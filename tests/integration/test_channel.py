@@ -22,11 +22,16 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 import reach
-from tests.conftest import REPO, Stack, wait_until
 from tests.support import processes
 from tests.support.channel_agent import read_journal
+from tests.support.paths import REPO
+from tests.support.stacks import Stack
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
+
+# The channel tests share one hub per store; the key test below creates an API key, so it
+# takes a hub of its own (the per-test ``stack``).
 
 
 def start_channel_agent(
@@ -82,42 +87,52 @@ def refusal(conn: ClientConnection) -> tuple[dict[str, Any], int | None]:
 
 
 @pytest.fixture
-def channel_agent(stack: Stack, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+def channel_agent(
+    shared_stack: Stack, tmp_path: Path
+) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
     journal = tmp_path / "journal.log"
-    proc = start_channel_agent(stack.url, journal, "nat-loop")
+    proc = start_channel_agent(shared_stack.url, journal, "nat-loop")
     try:
         wait_until(
-            lambda: (i := channel_instance(stack, "nat-loop")) and i["status"] == "online",
+            lambda: (i := channel_instance(shared_stack, "nat-loop")) and i["status"] == "online",
             30,
             what="the channel agent registered",
         )
         yield proc, journal
     finally:
         processes.stop(proc)
+        # the hub is shared: the next test's nat-loop must not find this one's instance
+        wait_until(
+            lambda: channel_instance(shared_stack, "nat-loop") is None,
+            30,
+            what="the channel agent deregistered",
+        )
 
 
 def test_channel_agent_takes_tasks_and_is_scored_from_the_channel(
-    stack: Stack, channel_agent: tuple[subprocess.Popen[bytes], Path]
+    shared_stack: Stack, channel_agent: tuple[subprocess.Popen[bytes], Path]
 ) -> None:
     _, journal = channel_agent
-    inst = channel_instance(stack, "nat-loop")
+    inst = channel_instance(shared_stack, "nat-loop")
     assert inst is not None
     assert "/internal/channel/" in inst["endpoint"]
     assert inst["endpoint"].endswith("/***"), "a fleet view must not show the socket secret"
     ids = [
         reach.send(
-            agent_id="nat-loop", method="task.process", payload={"n": n}, hub=stack.url
+            agent_id="nat-loop", method="task.process", payload={"n": n}, hub=shared_stack.url
         ).task_id
         for n in range(6)
     ]
     for task_id in ids:
-        result = reach.wait_for_result(task_id, timeout=30, hub=stack.url)
+        result = reach.wait_for_result(task_id, timeout=30, hub=shared_stack.url)
         assert result.data["echo"]["n"] == ids.index(task_id), result
     deliveries, runs = read_journal(journal)
     assert all(runs[t] == 1 and deliveries[t] == 1 for t in ids), (deliveries, runs)
     # the channel's pings are the instance's probe evidence: RTT measured, nothing lost
     scored = wait_until(
-        lambda: (i := channel_instance(stack, "nat-loop")) and i.get("rtt_ms") is not None and i,
+        lambda: (
+            (i := channel_instance(shared_stack, "nat-loop")) and i.get("rtt_ms") is not None and i
+        ),
         15,
         what="an RTT from the channel's pings",
     )
@@ -126,15 +141,15 @@ def test_channel_agent_takes_tasks_and_is_scored_from_the_channel(
 
 
 def test_internal_delivery_needs_the_sockets_secret(
-    stack: Stack, channel_agent: tuple[subprocess.Popen[bytes], Path]
+    shared_stack: Stack, channel_agent: tuple[subprocess.Popen[bytes], Path]
 ) -> None:
     _, journal = channel_agent
-    inst = channel_instance(stack, "nat-loop")
+    inst = channel_instance(shared_stack, "nat-loop")
     assert inst is not None
     iid = inst["instance_id"]
     body = {"task_id": "forged", "attempt_seq": 0, "method": "task.process", "payload": {}}
     r = requests.post(
-        f"{stack.url}/internal/channel/{iid}/not-the-secret/tasks/task.process",
+        f"{shared_stack.url}/internal/channel/{iid}/not-the-secret/tasks/task.process",
         json=body,
         timeout=10,
     )
@@ -143,26 +158,26 @@ def test_internal_delivery_needs_the_sockets_secret(
     assert read_journal(journal) == ({}, {})
 
 
-def test_frames_are_refused(stack: Stack) -> None:
+def test_frames_are_refused(shared_stack: Stack) -> None:
     # not JSON as the first frame: error frame, closed with policy violation
-    with connect(ws_url(stack), proxy=None) as conn:
+    with connect(ws_url(shared_stack), proxy=None) as conn:
         conn.send("{not json")
         frame, code = refusal(conn)
         assert (frame["type"], frame["code"], code) == ("error", "bad_frame", 1008)
     # a first frame that is not hello
-    with connect(ws_url(stack), proxy=None) as conn:
+    with connect(ws_url(shared_stack), proxy=None) as conn:
         conn.send(json.dumps({"type": "result", "task_id": "t", "attempt_seq": 1}))
         frame, code = refusal(conn)
         assert (frame["code"], code) == ("bad_frame", 1008)
     # an invalid declaration: nothing registered
-    with connect(ws_url(stack), proxy=None) as conn:
+    with connect(ws_url(shared_stack), proxy=None) as conn:
         conn.send(json.dumps({"type": "hello", "register": {"agent_id": "", "addr": "x"}}))
         frame, code = refusal(conn)
         assert (frame["code"], code) == ("invalid_registration", 1008)
     # a registered channel: a result for an attempt it does not hold is refused, and the
     # channel stays up; a malformed or oversize frame then closes it
     iid = uuid.uuid4().hex
-    with connect(ws_url(stack), proxy=None, max_size=None) as conn:
+    with connect(ws_url(shared_stack), proxy=None, max_size=None) as conn:
         conn.send(json.dumps({"type": "hello", "register": declaration("nat-raw", iid)}))
         welcome = json.loads(conn.recv(timeout=10))
         assert welcome["type"] == "welcome" and welcome["instance_id"] == iid
@@ -186,7 +201,7 @@ def test_frames_are_refused(stack: Stack) -> None:
         while (frame := json.loads(conn.recv(timeout=10)))["type"] == "ping":
             pass
         assert frame["code"] == "bad_frame"
-    with connect(ws_url(stack), proxy=None, max_size=None) as conn:
+    with connect(ws_url(shared_stack), proxy=None, max_size=None) as conn:
         conn.send(json.dumps({"type": "hello", "register": declaration("nat-raw", iid)}))
         assert json.loads(conn.recv(timeout=10))["type"] == "welcome"
         conn.send(json.dumps({"type": "heartbeat", "heartbeat": {"pad": "x" * 3_000_000}}))
@@ -194,8 +209,8 @@ def test_frames_are_refused(stack: Stack) -> None:
             while True:
                 conn.recv(timeout=10)
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
-    assert stack.task  # the hub is still serving
-    assert requests.get(stack.url + "/healthz", timeout=5).ok
+    assert shared_stack.task  # the hub is still serving
+    assert requests.get(shared_stack.url + "/healthz", timeout=5).ok
 
 
 def test_channel_with_another_agents_key_is_refused(stack: Stack) -> None:

@@ -38,17 +38,13 @@ from sqlalchemy import select
 import reach
 from reach.hub.storage import create_engine_for, session_factory
 from reach.hub.storage.models import InstanceEventRow, InstanceRow
-from tests.conftest import (
-    HubProcess,
-    _flushed_redis,
-    free_port,
-    hub_env,
-    wait_http_ok,
-    wait_until,
-)
 from tests.integration.test_channel import start_channel_agent
 from tests.support import processes
 from tests.support.channel_agent import read_journal
+from tests.support.ports import free_port
+from tests.support.stacks import HubProcess, hub_env, wait_http_ok
+from tests.support.stores import flushed_redis
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -197,7 +193,7 @@ def replicas(shared_store_url: str, tmp_path_factory: pytest.TempPathFactory) ->
     with contextlib.ExitStack() as cleanup:
         extra = dict(SETTINGS)
         if "postgres" in shared_store_url:
-            redis_url = cleanup.enter_context(_flushed_redis())
+            redis_url = cleanup.enter_context(flushed_redis())
             extra.update(REACH_BROKER_URL=redis_url, REACH_RESULT_BACKEND=redis_url)
         env = hub_env(shared_store_url, home, **extra)
         ports = [free_port(), free_port()]

@@ -27,7 +27,7 @@ from reach.wire.schemas import RegisterRequest
 from reach.worker.canvas import canvas
 from reach.worker.context import HubContext
 from reach.worker.factory import create_celery
-from tests.conftest import wait_until
+from tests.support.waiting import wait_until
 
 pytestmark = [
     pytest.mark.redis,

@@ -25,8 +25,8 @@ from reach.hub.flow.breakers import Breakers
 from reach.hub.settings import load_settings
 from reach.hub.storage.models import TaskRow
 from reach.worker.context import HubContext
-from tests.conftest import free_port
 from tests.support.envelope_server import EnvelopeServer
+from tests.support.ports import free_port
 
 PROBLEM = "urn:agent-reach:problem:"
 

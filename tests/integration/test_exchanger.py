@@ -41,7 +41,7 @@ from reach.hub.settings import Settings
 from reach.hub.storage import session_factory
 from reach.hub.storage.models import TaskRow
 from reach.wire.schemas import RegisterRequest, SubmitRequest
-from tests.conftest import wait_until
+from tests.support.waiting import wait_until
 
 SETTINGS = Settings.model_validate({"exchanges": {"lease_s": 1.0}})
 

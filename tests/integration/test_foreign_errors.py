@@ -57,9 +57,11 @@ from reach.hub.storage import create_engine_for, session_factory
 from reach.hub.storage.models import OutboxRow, TaskRow
 from reach.wire.schemas import RegisterRequest, SubmitRequest
 from reach.worker.context import HubContext
-from tests.conftest import PG_ADMIN_DSN, REPO, _fresh_store, free_port
 from tests.integration.test_registry_api import TYPE, reg
 from tests.support.envelope_server import EnvelopeServer
+from tests.support.paths import REPO
+from tests.support.ports import free_port
+from tests.support.stores import PG_ADMIN_DSN, fresh_store
 from tests.support.uvicorn_thread import uvicorn_serving
 
 SETTINGS = Settings.model_validate({"router": {"read_timeout": 5}})
@@ -123,7 +125,7 @@ def test_a_breaker_write_whose_database_is_unreachable_raises_hub_unavailable(
 
 @pytest.fixture
 def pg_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    with _fresh_store("postgres", tmp_path, request) as url:
+    with fresh_store("postgres", tmp_path, request) as url:
         yield url
 
 

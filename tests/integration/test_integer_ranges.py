@@ -14,8 +14,8 @@ from reach.hub.api import create_app
 from reach.hub.clock import ManualClock
 from reach.hub.settings import load_settings
 from reach.worker.context import HubContext
-from tests.conftest import snapshot
 from tests.integration.test_registry_api import PROBLEM, TYPE, reg
+from tests.support.stores import snapshot
 
 TOO_BIG = 2**31  # one past PostgreSQL's integer
 HUGE = 26_082_172_949

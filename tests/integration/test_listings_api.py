@@ -37,7 +37,9 @@ from reach.core.security.auth import Scope
 from reach.hub.security import apikeys
 from reach.hub.security.apikeys import CreatedKey
 from reach.hub.storage import create_engine_for
-from tests.conftest import REPO, HubProcess, free_port, hub_env, wait_http_ok
+from tests.support.paths import REPO
+from tests.support.ports import free_port
+from tests.support.stacks import HubProcess, hub_env, wait_http_ok
 
 PROBLEM = "urn:agent-reach:problem:"
 LONG_AGENT = "accounts-payable-reconciler-eu-west-1"

@@ -32,8 +32,8 @@ from reach.hub.settings import load_settings
 from reach.hub.storage.models import TaskRow
 from reach.wire.schemas import SubmitRequest
 from reach.worker.context import HubContext
-from tests.conftest import free_port
 from tests.support.envelope_server import EnvelopeServer
+from tests.support.ports import free_port
 
 LOOP = "urn:agent-reach:problem:loop-detected"
 

@@ -17,7 +17,7 @@ from reach.hub.storage.engine import (
     upgrade_database,
 )
 from reach.hub.storage.models import Base, in_schema_of
-from tests.conftest import hub_env
+from tests.support.stacks import hub_env
 
 TABLES = {"agents", "instances", "tasks", "task_events", "outbox", "dead_letters"}
 

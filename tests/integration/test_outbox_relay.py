@@ -23,7 +23,7 @@ from reach.hub.storage.models import OutboxRow, TaskRow
 from reach.wire.schemas import RegisterRequest, SubmitRequest
 from reach.worker.context import HubContext
 from reach.worker.publisher import DELIVERY_QUEUE
-from tests.conftest import free_port
+from tests.support.ports import free_port
 from tests.support.private_redis import PrivateRedis
 
 pytestmark = pytest.mark.timeout(60)

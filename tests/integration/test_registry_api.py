@@ -14,7 +14,7 @@ from reach.hub.clock import ManualClock
 from reach.hub.settings import load_settings
 from reach.hub.storage.models import InstanceRow
 from reach.worker.context import HubContext
-from tests.conftest import snapshot
+from tests.support.stores import snapshot
 
 PROBLEM = "application/problem+json"
 TYPE = "urn:agent-reach:problem:"

@@ -28,9 +28,9 @@ from reach.hub.settings import load_settings
 from reach.hub.storage.models import TaskRow
 from reach.wire.schemas import RegisterRequest, SubmitRequest
 from reach.worker.context import HubContext
-from tests.conftest import snapshot
 from tests.integration.test_registry_api import PROBLEM, TYPE
 from tests.support.envelope_server import EnvelopeServer
+from tests.support.stores import snapshot
 
 INSTANCE = "i-agent-1"
 

@@ -19,7 +19,9 @@ from typing import Any
 import pytest
 
 import reach
-from tests.conftest import Stack, free_port, wait_until
+from tests.support.ports import free_port
+from tests.support.stacks import Stack
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(240)
 

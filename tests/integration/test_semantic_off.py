@@ -22,7 +22,9 @@ from reach.hub.api import create_app
 from reach.hub.settings import load_settings
 from reach.hub.storage.models import AgentCapabilityRow, AgentRow, TaskRow
 from reach.worker.context import HubContext
-from tests.conftest import REPO, HubProcess, free_port, hub_env, wait_http_ok
+from tests.support.paths import REPO
+from tests.support.ports import free_port
+from tests.support.stacks import HubProcess, hub_env, wait_http_ok
 
 OFF = "urn:agent-reach:problem:semantic-matching-off"
 INVALID = "urn:agent-reach:problem:invalid-task-request"

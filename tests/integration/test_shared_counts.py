@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from reach.hub.flow.shared_counts import SharedCounts, window_start
 from reach.hub.storage import read_session_factory, session_factory
 from reach.hub.storage.models import FlowCountRow
-from tests.conftest import wait_until
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture

@@ -18,7 +18,10 @@ from typing import Any
 import pytest
 
 import reach
-from tests.conftest import PG_URL_TEMPLATE, Stack, _pg, free_port, wait_until
+from tests.support.ports import free_port
+from tests.support.stacks import Stack
+from tests.support.stores import PG_URL_TEMPLATE, pg
+from tests.support.waiting import wait_until
 
 pytestmark = [
     pytest.mark.postgres,
@@ -38,11 +41,11 @@ def dedup_url(request: pytest.FixtureRequest) -> Iterator[str | None]:
         yield str(request.getfixturevalue("redis_db"))  # a database of its own, flushed
     else:
         name = f"reach_dedup_{uuid.uuid4().hex[:8]}"
-        _pg(f'CREATE DATABASE "{name}"')
+        pg(f'CREATE DATABASE "{name}"')
         try:
             yield PG_URL_TEMPLATE.format(db=name)
         finally:
-            _pg(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            pg(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 class Replicas:

@@ -17,14 +17,14 @@ from sqlalchemy import event, text
 
 from reach.hub.settings import load_settings
 from reach.worker.context import HubContext
-from tests.conftest import _fresh_store
+from tests.support.stores import fresh_store
 
 CONCURRENT = 16  # the fleet bench sends heartbeats from 16 threads at once
 
 
 @pytest.fixture
 def pg_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    with _fresh_store("postgres", tmp_path, request) as url:
+    with fresh_store("postgres", tmp_path, request) as url:
         yield url
 
 

@@ -17,7 +17,7 @@ from reach.hub.settings import Settings
 from reach.hub.storage.models import OutboxRow, TaskRow
 from reach.wire.schemas import RegisterRequest, SubmitRequest
 from reach.worker.context import HubContext
-from tests.conftest import free_port
+from tests.support.ports import free_port
 
 
 def _ctx(store_url: str, broker: str, home: Path) -> HubContext:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from reach.cli.supervisor import Child, StopRequest, _spawn, _terminate
-from tests.conftest import wait_until
+from tests.support.waiting import wait_until
 
 OBEDIENT = "import time\nprint('ready', flush=True)\ntime.sleep(60)\n"
 STUBBORN = (

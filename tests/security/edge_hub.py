@@ -25,8 +25,8 @@ from reach.core.security.auth import Scope
 from reach.hub.security import apikeys
 from reach.hub.security.apikeys import CreatedKey
 from reach.hub.storage import create_engine_for
-from tests.conftest import HubProcess, hub_env, wait_http_ok
 from tests.support.ports import free_port
+from tests.support.stacks import HubProcess, hub_env, wait_http_ok
 
 TYPE = "urn:agent-reach:problem:"
 PROBLEM = "application/problem+json"

@@ -21,9 +21,11 @@ import pytest
 import requests
 
 from reach.core.security.auth import Scope
-from tests.conftest import Stack, free_port, wait_until
 from tests.support.counting_agent import CountingAgentProcess
+from tests.support.ports import free_port
+from tests.support.stacks import Stack
 from tests.support.trust_agents import Key, api, make_key
+from tests.support.waiting import wait_until
 
 STACK_SETTINGS = {
     "REACH_SECURITY__REQUIRE_AUTH": "true",

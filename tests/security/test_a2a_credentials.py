@@ -21,8 +21,10 @@ from typing import Any
 import pytest
 import requests
 
-from tests.conftest import Stack, free_port, start_stack, stop_stack, wait_http_ok, wait_until
 from tests.support.a2a_echo import A2aEchoProcess
+from tests.support.ports import free_port
+from tests.support.stacks import Stack, start_stack, stop_stack, wait_http_ok
+from tests.support.waiting import wait_until
 
 KEY = "a2a-api-key-9d1f0c"
 HEADER = "X-Agent-Key"

@@ -10,7 +10,6 @@ key's fleet) still hand an address on, as one agent restarting does.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,8 +18,10 @@ import pytest
 import requests
 
 from reach.core.security.auth import Scope
-from tests.conftest import HubProcess, free_port, hub_env, wait_http_ok
+from tests.support.ports import free_port
+from tests.support.stacks import HubProcess, hub_env, wait_http_ok
 from tests.support.trust_agents import PROBLEM, Key, make_key
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture
@@ -53,8 +54,12 @@ def test_an_offline_instance_keeps_its_address(hub: str, store_url: str) -> None
     addr = f"127.0.0.1:{free_port()}"
     r = _register(hub, victim, "doc-victim", addr, instance_id="v-1", heartbeat_interval=0.1)
     assert r.status_code == 201, r.text
-    time.sleep(1.0)  # three missed heartbeats: the victim's instance is offline
-    assert _instances(hub, admin, "doc-victim") == {"v-1": "offline"}
+    # three missed heartbeats: the victim's instance is offline
+    wait_until(
+        lambda: _instances(hub, admin, "doc-victim") == {"v-1": "offline"},
+        10,
+        what="the victim's instance offline",
+    )
 
     taken = _register(hub, attacker, "doc-attacker", addr, instance_id="a-1")
     assert taken.status_code == 409, taken.text
@@ -74,7 +79,11 @@ def test_agents_of_one_key_hand_an_address_on(hub: str, store_url: str) -> None:
     addr = f"127.0.0.1:{free_port()}"
     r = _register(hub, team, "team-a", addr, instance_id="t-a", heartbeat_interval=0.1)
     assert r.status_code == 201, r.text
-    time.sleep(1.0)
+    wait_until(
+        lambda: _instances(hub, admin, "team-a") == {"t-a": "offline"},
+        10,
+        what="team-a's instance offline",
+    )
     r = _register(hub, team, "team-b", addr, instance_id="t-b")
     assert r.status_code == 201, r.text
     assert _instances(hub, admin, "team-a") == {"t-a": "deregistered"}

@@ -20,7 +20,8 @@ import pytest
 import requests
 
 from reach.core.security.auth import Scope
-from tests.conftest import HubProcess, free_port, hub_env, wait_http_ok
+from tests.support.ports import free_port
+from tests.support.stacks import HubProcess, hub_env, wait_http_ok
 from tests.support.trust_agents import PROBLEM, Key, make_key
 
 AGENT = "ap-policy"

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import HubProcess, free_port, hub_env, wait_http_ok
+from tests.support.ports import free_port
+from tests.support.stacks import HubProcess, hub_env, wait_http_ok
 
 MARKER = "zz-payload-marker-7f3a"
 PROBLEM = "application/problem+json"

@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 
 from reach.core.security.auth import Scope
-from tests.conftest import Stack, wait_until
+from tests.support.stacks import Stack
 from tests.support.trust_agents import Key, api, make_key
+from tests.support.waiting import wait_until
 
 STACK_SETTINGS = {"REACH_SECURITY__REQUIRE_AUTH": "true", "REACH_A2A__CARD_REFRESH_S": "0.5"}
 

@@ -8,6 +8,7 @@ anything is sent (the Node SDK's twin is in sdks/node/test/caller-unit.test.mjs)
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,9 +17,28 @@ import requests
 import reach
 from reach.errors import InvalidTaskRequest
 from tests.support.listeners import closed_port
+from tests.support.ports import free_port
+from tests.support.stacks import HubProcess, hub_env, wait_http_ok
 
 PROBLEM = "urn:agent-reach:problem:"
 PATHS = ["x/../../p", "../admin", "a/./b", "a//b", "x/..", "/tasks"]
+
+
+@pytest.fixture(scope="module")
+def hub_api(shared_store_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One ``reach api`` per store for the module: its tests refuse requests, and the one
+    registration they make (agent ``names``) is the same in every test."""
+    home = tmp_path_factory.mktemp("api")
+    port = free_port()
+    proc = HubProcess(
+        ["api", "--port", str(port)], hub_env(shared_store_url, home), home / "api.log"
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_http_ok(base + "/healthz", proc)
+        yield base
+    finally:
+        proc.stop()
 
 
 def _problem(answer: requests.Response) -> dict[str, Any]:

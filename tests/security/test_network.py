@@ -36,18 +36,11 @@ from reach.hub.fleet.probing import ProbeTarget, probe_once
 from reach.hub.security import apikeys
 from reach.hub.security.apikeys import CreatedKey
 from reach.hub.storage import create_engine_for
-from tests.conftest import (
-    HubProcess,
-    Stack,
-    free_port,
-    hub_env,
-    start_stack,
-    stop_stack,
-    wait_http_ok,
-    wait_until,
-)
 from tests.support.a2a_echo import A2aEchoProcess
 from tests.support.listeners import SlowHttpListener, closed_port
+from tests.support.ports import free_port
+from tests.support.stacks import HubProcess, Stack, hub_env, start_stack, stop_stack, wait_http_ok
+from tests.support.waiting import wait_until
 
 PROBLEM = "urn:agent-reach:problem:"
 _TEXTUAL_LOOPBACK = {"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"}

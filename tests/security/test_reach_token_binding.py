@@ -25,8 +25,9 @@ import requests
 
 from reach.core.security.tokens import body_digest
 from tests.acceptance.test_reach_tokens import Hub, TokenAgent, create_key
-from tests.conftest import Stack, wait_until
 from tests.support.reach_tokens import bearer, encoded, mint
+from tests.support.stacks import Stack
+from tests.support.waiting import wait_until
 
 STACK_SETTINGS = {"REACH_SECURITY__REQUIRE_AUTH": "true"}
 AGENT = "tk-bound"

@@ -27,10 +27,10 @@ from reach.hub.interop.a2a import exchange
 from reach.hub.security import signing
 from reach.hub.security.sealing import KEY_FILE, SealKey
 from reach.hub.storage.models import InstanceRow, SigningKeyRow
-from tests.conftest import wait_http_ok
 from tests.security.edge_hub import EdgeHub, csrf_of, edge_hub
 from tests.support.a2a_echo import A2aEchoProcess
 from tests.support.ports import free_port
+from tests.support.stacks import wait_http_ok
 
 pytestmark = pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 

@@ -22,7 +22,7 @@ import pytest
 import requests
 
 from tests.acceptance.test_reach_tokens import Hub, Key, create_key
-from tests.conftest import Stack
+from tests.support.stacks import Stack
 
 STACK_SETTINGS = {"REACH_SECURITY__REQUIRE_AUTH": "true"}
 ECHO, FORWARDER = "so-echo", "so-forward"

@@ -22,7 +22,9 @@ import pytest
 import requests
 
 from reach.core.security.auth import Scope
-from tests.conftest import REPO, HubProcess, free_port, hub_env, wait_http_ok
+from tests.support.paths import REPO
+from tests.support.ports import free_port
+from tests.support.stacks import HubProcess, hub_env, wait_http_ok
 from tests.support.trust_agents import PROBLEM, make_key
 
 pytestmark = pytest.mark.timeout(300)  # four CLI runs: seconds each on a loaded box

@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 
 import reach
-from tests.conftest import REPO, Stack, wait_until
 from tests.support.demo_agents import running
+from tests.support.paths import REPO
+from tests.support.stacks import Stack
+from tests.support.waiting import wait_until
 
 AGENTS = {"sales-agent-01": "sales_agent.py", "knowledge-agent-01": "knowledge_agent.py"}
 ROWS = [{"month": "2024-01", "revenue": 100.0}, {"month": "2024-06", "revenue": 80.0}]

@@ -10,7 +10,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-from tests.conftest import REPO, Stack, free_port, wait_until
+from tests.support.paths import REPO
+from tests.support.ports import free_port
+from tests.support.stacks import Stack
+from tests.support.waiting import wait_until
 
 
 @contextmanager

@@ -19,8 +19,10 @@ from reach.core.security.auth import Scope
 from reach.hub.security import apikeys
 from reach.hub.storage import create_engine_for, session_factory
 from reach.hub.storage.models import AuditRow
-from tests.conftest import REPO, Stack, free_port
 from tests.support import processes
+from tests.support.paths import REPO
+from tests.support.ports import free_port
+from tests.support.stacks import Stack
 
 AGENT_SCRIPT = REPO / "tests" / "acceptance" / "agents" / "trust_agent.py"
 PROBLEM = "urn:agent-reach:problem:"

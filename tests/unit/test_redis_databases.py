@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from bench.processes import CELERY_URL, MICRO_REDIS_URL, REDIS_URL
-from tests import conftest
 from tests.install.test_fresh_installs import INSTALL_REDIS_URL
+from tests.support import stores
 
 
 def _db(url: str) -> int:
@@ -25,18 +25,18 @@ def test_no_worker_shares_a_database_with_a_bench_hub_or_the_install_checks() ->
         _db(MICRO_REDIS_URL),  # bench.micro
         _db(INSTALL_REDIS_URL),  # tests/install
     }
-    assert taken.isdisjoint(conftest.WORKER_REDIS_DBS)
-    assert len(set(conftest.WORKER_REDIS_DBS)) == len(conftest.WORKER_REDIS_DBS)
-    assert all(0 < db < 16 for db in conftest.WORKER_REDIS_DBS)  # 0: a user's default
+    assert taken.isdisjoint(stores.WORKER_REDIS_DBS)
+    assert len(set(stores.WORKER_REDIS_DBS)) == len(stores.WORKER_REDIS_DBS)
+    assert all(0 < db < 16 for db in stores.WORKER_REDIS_DBS)  # 0: a user's default
 
 
 @pytest.mark.parametrize(("worker", "db"), [("gw0", 14), ("gw1", 13), ("gw2", 9), ("gw10", 1)])
 def test_each_worker_gets_its_own(monkeypatch: pytest.MonkeyPatch, worker: str, db: int) -> None:
     monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
-    assert conftest._own_redis_url() == f"{conftest.REDIS_URL}/{db}"
+    assert stores.own_redis_url() == f"{stores.REDIS_URL}/{db}"
 
 
 def test_a_worker_past_the_table_is_told_how_many_fit(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw11")
     with pytest.raises(RuntimeError, match="at most -n 11"):
-        conftest._own_redis_url()
+        stores.own_redis_url()

@@ -1,0 +1,97 @@
+"""The test stores: migrated SQLite and PostgreSQL databases, and a Redis database per
+pytest-xdist worker. The fixtures that hand them out live in tests/conftest.py.
+
+PostgreSQL databases are cloned per test from a migrated template (cheap and isolated).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy import Engine, MetaData, select
+
+PG_ADMIN_DSN = os.environ.get(
+    "REACH_TEST_PG_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=test"
+)
+PG_URL_TEMPLATE = os.environ.get(
+    "REACH_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/{db}"
+)
+REDIS_URL = os.environ.get("REACH_TEST_REDIS_URL", "redis://127.0.0.1:6379")
+
+
+def pg(sql: str) -> None:
+    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as conn:
+        conn.execute(sql)  # type: ignore[arg-type]
+
+
+POSTGRES = pytest.param("postgres", marks=pytest.mark.postgres)
+STORES = ["sqlite", POSTGRES]
+
+
+@contextmanager
+def fresh_store(kind: str, directory: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    if kind == "sqlite":
+        template: Path = request.getfixturevalue("sqlite_template")
+        path = directory / "reach.db"
+        path.write_bytes(template.read_bytes())
+        yield f"sqlite:///{path}"
+        return
+    tmpl: str = request.getfixturevalue("pg_template")
+    name = f"reach_t_{uuid.uuid4().hex[:10]}"
+    pg(f'CREATE DATABASE "{name}" TEMPLATE "{tmpl}"')
+    try:
+        yield PG_URL_TEMPLATE.format(db=name)
+    finally:
+        pg(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def snapshot(engine: Engine) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every table, to prove a refused request changed nothing. Left out:
+    ``flow_counts``, the hub-wide per-second windows, which each process's flusher writes
+    and prunes on its own clock whatever the request did."""
+    meta = MetaData()
+    meta.reflect(engine)
+    out: dict[str, list[tuple[Any, ...]]] = {}
+    with engine.connect() as conn:
+        for name, table in sorted(meta.tables.items()):
+            if name in ("alembic_version", "flow_counts"):
+                continue
+            out[name] = sorted((tuple(r) for r in conn.execute(select(table))), key=repr)
+    return out
+
+
+# One Redis database number per pytest-xdist worker (gw0 -> 14, gw1 -> 13, gw2 -> 9, ...).
+# Left out: 15 (tests/install), 12 and 11 (the bench's hub and its plain Celery baseline,
+# which tests/bench and tests/semantic run) and 10 (bench.micro). A worker that took one of
+# them would share a broker with a bench hub: each hub's worker would take the other's tasks.
+WORKER_REDIS_DBS = (14, 13, 9, 8, 7, 6, 5, 4, 3, 2, 1)
+
+
+def own_redis_url() -> str:
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    if worker >= len(WORKER_REDIS_DBS):
+        raise RuntimeError(
+            f"pytest-xdist worker gw{worker} has no Redis database of its own: "
+            f"run with at most -n {len(WORKER_REDIS_DBS)}"
+        )
+    return f"{REDIS_URL}/{WORKER_REDIS_DBS[worker]}"
+
+
+@contextmanager
+def flushed_redis() -> Iterator[str]:
+    """Flushed at start only: pytest may tear a module's hub down after the next module's
+    hub started on the same database, and a flush then would drop that hub's messages."""
+    import redis
+
+    url = own_redis_url()
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    client.close()
+    yield url
