@@ -228,7 +228,8 @@ def test_approving_a_parked_task_delivers_it(page: Page, demo: DemoHub) -> None:
     expect(row).to_have_attribute("data-status", "pending")
     expect(row).to_contain_text(task_id)
     expect(row).to_contain_text("orders.cancel")
-    row.get_by_label("your name").fill("Ops on call")
+    # the form names who decides: the signed-in key, not a name one could type
+    expect(row.get_by_test_id("decider")).to_have_text("as ops-admin")
     row.get_by_test_id("approve").click()
     expect(page.get_by_test_id("page-message")).to_have_text(
         f"Approved: task {task_id} is delivered now."
