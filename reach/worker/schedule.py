@@ -74,4 +74,10 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
             "schedule": settings.callbacks.sweep_interval_s,
             "options": {"expires": settings.callbacks.sweep_interval_s},
         },
+        # new alerts POSTed to alerts.webhook_url (a no-op while it is unset)
+        "reach.alerts-push": {
+            "task": "reach.alerts_push",
+            "schedule": settings.alerts.push_interval_s,
+            "options": {"expires": settings.alerts.push_interval_s},
+        },
     }
