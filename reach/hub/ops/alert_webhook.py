@@ -100,8 +100,10 @@ def push(
     started = now()
     lease = started + LEASE_S
     with db.begin() as session:
-        if session.get(AlertPushRow, _ROW) is None:
-            return _start(db, started)
+        begun = session.get(AlertPushRow, _ROW) is not None
+    if not begun:
+        return _start(db, started)
+    with db.begin() as session:
         claimed = session.execute(
             update(AlertPushRow)
             .where(
