@@ -181,6 +181,15 @@ def test_a_muted_kind_is_not_pushed_nor_listed(stack: Stack, receiver: Receiver)
             timeout=10,
         ).json()["items"]
         assert [a["muted"] for a in shown if a["details"]["task_id"] == task_id] == [True]
+        page = requests.get(f"{stack.url}/ui/alerts", params={"kind": "dead_letter"}, timeout=10)
+        assert page.status_code == 200 and 'data-testid="muted-kinds"' in page.text
+        assert task_id not in page.text
+        page = requests.get(
+            f"{stack.url}/ui/alerts",
+            params={"kind": "dead_letter", "include_muted": "true"},
+            timeout=10,
+        )
+        assert task_id in page.text and 'data-testid="alert-muted"' in page.text
     finally:
         requests.delete(f"{stack.url}/api/v1/alerts/mutes/dead_letter", timeout=10)
     time.sleep(1.5)  # passed over while muted: not sent once unmuted
