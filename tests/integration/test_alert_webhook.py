@@ -260,3 +260,20 @@ def test_only_an_admin_mutes_and_an_unknown_kind_is_422(hub: Hub, method: str) -
     assert unknown.json()["type"] == PROBLEM + "invalid-query"
     listed = hub.call("GET", "/api/v1/alerts/mutes", hub.admin).json()["mutes"]
     assert "offline" not in [m["kind"] for m in listed]
+
+
+def test_ids_reused_after_retention_deleted_the_newest_rows_are_still_pushed(
+    hub: Hub, receiver: Receiver
+) -> None:
+    """SQLite gives a new row the highest id + 1: once the newest dead letters are deleted
+    (retention), a new one may take an id the marker already passed."""
+    clock = Clock()
+    _reset_marker(hub, receiver, clock)
+    _dead_letter(hub, "t-alert-old")
+    assert _push(hub, receiver, clock).delivered == 1
+    with hub.db.begin() as session:
+        session.query(DeadLetterRow).delete()
+    time.sleep(0.05)  # the next row is recorded after the last scan
+    _dead_letter(hub, "t-alert-reused")
+    assert _push(hub, receiver, clock).delivered == 1
+    assert [b["details"]["task_id"] for b in receiver.bodies()] == ["t-alert-old", "t-alert-reused"]

@@ -76,6 +76,7 @@ __all__ = [
     "muted_kinds",
     "parse_kind",
     "parse_kinds",
+    "rewound",
     "unmute",
 ]
 
@@ -241,6 +242,25 @@ def current_marks(session: Session) -> Marks:
         return int(session.scalar(select(func.max(column))) or 0)
 
     return Marks(top(InstanceEventRow.id), top(AuditRow.id), top(DeadLetterRow.id))
+
+
+def rewound(session: Session, marks: Marks, last_scan: float) -> Marks:
+    """``marks`` with each table whose ids went back below its mark set again: SQLite
+    gives a new row the highest id + 1, so once retention deleted a table's newest rows,
+    new ones may take ids the mark already passed. Such a mark moves down to the newest
+    row recorded before ``last_scan`` (the rows after it are new)."""
+    top = current_marks(session)
+    tables = (
+        ("event_id", InstanceEventRow.id, InstanceEventRow.at),
+        ("audit_id", AuditRow.id, AuditRow.at),
+        ("dead_letter_id", DeadLetterRow.id, DeadLetterRow.created_at),
+    )
+    for field, row_id, at in tables:
+        if getattr(top, field) < getattr(marks, field):
+            seen = session.scalar(select(func.max(row_id)).where(at <= last_scan))
+            log.warning("alert marker %s went back: ids were reused after a deletion", field)
+            marks = replace(marks, **{field: int(seen or 0)})
+    return marks
 
 
 def alerts_after(session: Session, marks: Marks, limit: int) -> list[dict[str, Any]]:
