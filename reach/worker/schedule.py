@@ -21,7 +21,7 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
     # The probe sweep runs at the fastest cadence; each instance's own next_probe_at
     # (5 s healthy, 1 s when its score is low, 30 s when unreachable) decides who is due.
     probe_tick = min(settings.probe.fast_interval, settings.probe.interval)
-    return {
+    entries: dict[str, dict[str, Any]] = {
         "reach.reachability-sweep": {
             "task": "reach.reachability_sweep",
             "schedule": sweep,
@@ -74,10 +74,11 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
             "schedule": settings.callbacks.sweep_interval_s,
             "options": {"expires": settings.callbacks.sweep_interval_s},
         },
-        # new alerts POSTed to alerts.webhook_url (a no-op while it is unset)
-        "reach.alerts-push": {
+    }
+    if settings.alerts.webhook_url:  # new alerts POSTed to it (no tick while it is unset)
+        entries["reach.alerts-push"] = {
             "task": "reach.alerts_push",
             "schedule": settings.alerts.push_interval_s,
             "options": {"expires": settings.alerts.push_interval_s},
-        },
-    }
+        }
+    return entries
