@@ -1,9 +1,10 @@
 """The alert webhook: each new alert POSTed, hub-signed, to the operator's receiver.
 
 When ``alerts.webhook_url`` is set, a beat tick (``reach.alerts_push``, every
-``alerts.push_interval_s``; not scheduled while the URL is unset) runs `push` in a worker: it reads the alerts recorded since
-its marker (`reach.hub.ops.alerts.alerts_after`, every kind `list_alerts` returns, dead
-letters included) and POSTs each one, oldest first, skipping the kinds an admin muted.
+``alerts.push_interval_s``; not scheduled while the URL is unset) runs `push` in a
+worker: it reads the alerts recorded since its marker
+(`reach.hub.ops.alerts.alerts_after`: every kind `list_alerts` returns, dead letters
+included) and POSTs each one, oldest first, skipping the kinds an admin muted.
 
 Why a scan and not a hook where alerts are recorded: alerts are not one event but the
 trace of several decisions, written in five places (the reachability sweep's instance
