@@ -1,4 +1,5 @@
-"""The approval webhook task: one POST per approval request, retried with backoff."""
+"""The approval webhook task (one POST per approval request, retried with backoff) and
+the alert webhook's beat tick."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from celery import shared_task
 from reach.core.notify.outbound import Answer, next_delay
 from reach.errors import HubUnavailable
 from reach.hub.notify import approval_webhook
+from reach.hub.ops import alert_webhook
 from reach.worker.process_random import process_random
 
 log = logging.getLogger("reach.tasks.webhooks")
@@ -43,3 +45,24 @@ def send_approval_webhook(self: Any, approval_id: str) -> str:
     elif sent.answer is Answer.DROP:
         log.warning("webhook of approval %s not sent: %s", approval_id, sent.detail)
     return sent.answer.value
+
+
+@shared_task(name=alert_webhook.PUSH_TASK, ignore_result=True)
+def push_alerts() -> str:
+    """The beat's alert webhook tick (``reach.hub.ops.alert_webhook``): its retries and
+    backoff live in the store's marker, not in Celery, so a lost tick loses nothing."""
+    from reach.worker.app import runtime
+
+    ctx = runtime()
+    settings = ctx.settings.alerts
+    if not settings.webhook_url:
+        return "off"
+    pushed = alert_webhook.push(ctx.db, settings, ctx.clock.now, seal=ctx.seal, rng=_rng)
+    if pushed.delivered or pushed.skipped:
+        log.info(
+            "alert webhook: %d delivered, %d skipped (%s)",
+            pushed.delivered,
+            pushed.skipped,
+            pushed.detail,
+        )
+    return pushed.detail

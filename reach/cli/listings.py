@@ -215,7 +215,7 @@ def alerts_list(
             "--kind",
             help="offline, unreachable, heartbeat_lost, business_unreachable, failing, "
             "breaker_opened, breaker_closed, dependency_loop_suspected, "
-            "dependency_loop_calmed, backpressure (repeatable)",
+            "dependency_loop_calmed, backpressure, dead_letter (repeatable)",
         ),
     ] = None,
     since: SinceOption = None,
@@ -225,15 +225,20 @@ def alerts_list(
     output: OutputOption = Output.TABLE,
     hub: HubOption = None,
     api_key: ApiKeyOption = None,
+    include_muted: Annotated[
+        bool, typer.Option("--include-muted", help="Also the kinds an admin muted")
+    ] = False,
 ) -> None:
-    """List what is failing: alerts, newest first."""
-    params = {
+    """List what is failing: alerts, newest first (muted kinds left out)."""
+    params: dict[str, Any] = {
         "kind": kind or [],
         "since": since,
         "until": until,
         "limit": limit,
         "cursor": cursor,
     }
+    if include_muted:
+        params["include_muted"] = "true"
     body = _page("/api/v1/alerts", params, hub, api_key)
     now = time.time()
     show(

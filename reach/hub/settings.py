@@ -681,6 +681,41 @@ class A2aSettings(_Section):
     )
 
 
+class AlertSettings(_Section):
+    """The alert webhook (``reach.hub.ops.alert_webhook``): each new alert of a kind not
+    muted is POSTed, signed by the hub, at least once, in the order it was recorded."""
+
+    webhook_url: str | None = Field(
+        None, description="each new alert is POSTed here, signed (unset: no webhook)"
+    )
+    webhook_allow_private: bool = Field(
+        False, description="allow a loopback or private webhook address (refused: SSRF)"
+    )
+    webhook_max_retries: int = Field(
+        12,
+        ge=0,
+        le=1000,
+        description="retries of an alert the receiver did not take; then it is skipped "
+        "(logged) so the next ones are not held up forever",
+    )
+    backoff_base_s: Seconds = Field(1.0, gt=0, le=3600, description="first retry's delay")
+    backoff_cap_s: Seconds = Field(60.0, gt=0, le=86400, description="longest retry delay")
+    push_interval_s: Seconds = Field(
+        2.0, gt=0, le=3600, description="seconds between the beat's scans for new alerts"
+    )
+    batch: int = Field(100, ge=1, le=10_000, description="alerts one scan sends at most")
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"must be an http(s) URL with a host, got {value!r}")
+        return value
+
+
 class Settings(BaseSettings):
     """Every section of the hub's configuration.
 
@@ -709,6 +744,7 @@ class Settings(BaseSettings):
     callbacks: CallbackSettings = CallbackSettings()
     exchanges: ExchangeSettings = ExchangeSettings()
     a2a: A2aSettings = A2aSettings()
+    alerts: AlertSettings = AlertSettings()
 
     @classmethod
     def settings_customise_sources(

@@ -21,7 +21,7 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
     # The probe sweep runs at the fastest cadence; each instance's own next_probe_at
     # (5 s healthy, 1 s when its score is low, 30 s when unreachable) decides who is due.
     probe_tick = min(settings.probe.fast_interval, settings.probe.interval)
-    return {
+    entries: dict[str, dict[str, Any]] = {
         "reach.reachability-sweep": {
             "task": "reach.reachability_sweep",
             "schedule": sweep,
@@ -75,3 +75,10 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
             "options": {"expires": settings.callbacks.sweep_interval_s},
         },
     }
+    if settings.alerts.webhook_url:  # new alerts POSTed to it (no tick while it is unset)
+        entries["reach.alerts-push"] = {
+            "task": "reach.alerts_push",
+            "schedule": settings.alerts.push_interval_s,
+            "options": {"expires": settings.alerts.push_interval_s},
+        }
+    return entries

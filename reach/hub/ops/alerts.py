@@ -22,6 +22,13 @@ id)``, where ``rank`` says which table a row is from, so a page boundary between
 of the same instant is exact. A dead letter's alert names the task, its method, its
 attempts and why; never its payload (the dead-letter queue keeps that for a replay).
 
+An admin may *mute* a kind (`mute`, ``PUT /api/v1/alerts/mutes/{kind}``, audited): the
+alert webhook does not push it and `list_alerts` leaves it out unless ``include_muted``
+(then each item says ``muted``). Muting hides; the record stays where it was.
+
+`alerts_after` reads the same records by each table's id, above a marker: the alert
+webhook's scan (``reach.hub.ops.alert_webhook``).
+
 A 429 refusal rolls its submit back, so `BackpressureLog` writes its audit row in a
 transaction of its own, at most one per agent per `BackpressureLog.every_s` in a process
 (a refusal storm must not become a write storm on the store it protects); the row counts
@@ -30,13 +37,15 @@ the refusals it stands for.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
 from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final
 
-from sqlalchemy import ColumnElement, and_, or_, select
-from sqlalchemy.orm import InstrumentedAttribute
+from sqlalchemy import ColumnElement, and_, func, or_, select
+from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from reach.core.ops.paging import (
     Page,
@@ -47,14 +56,29 @@ from reach.core.ops.paging import (
     encode_cursor,
     parse_choices,
 )
-from reach.errors import Backpressure
+from reach.errors import Backpressure, InvalidQuery
 from reach.hub.security import audit
-from reach.hub.storage.models import AuditRow, DeadLetterRow, InstanceEventRow
+from reach.hub.storage.models import AlertMuteRow, AuditRow, DeadLetterRow, InstanceEventRow
 
 if TYPE_CHECKING:
     from reach.hub.context import HubContext
 
-__all__ = ["ALERTS", "KINDS", "BackpressureLog", "Page", "list_alerts", "parse_kinds"]
+__all__ = [
+    "ALERTS",
+    "KINDS",
+    "BackpressureLog",
+    "Marks",
+    "Page",
+    "alerts_after",
+    "list_alerts",
+    "list_mutes",
+    "mute",
+    "muted_kinds",
+    "parse_kind",
+    "parse_kinds",
+    "rewound",
+    "unmute",
+]
 
 log = logging.getLogger("reach.hub.ops.alerts")
 
@@ -78,6 +102,60 @@ def parse_kinds(values: Iterable[str] | str | None) -> frozenset[str]:
     return parse_choices(values, KINDS, name="kind")
 
 
+def parse_kind(value: str) -> str:
+    """One alert kind; an unknown one is `InvalidQuery` (422 ``invalid-query``)."""
+    kind = value.strip().lower()
+    if kind not in KINDS:
+        listed = ", ".join(sorted(KINDS))
+        raise InvalidQuery(f"kind: unknown kind {value[:64]!r}; known: {listed}")
+    return kind
+
+
+# -- mutes -------------------------------------------------------------------------------
+
+
+def muted_kinds(session: Session) -> frozenset[str]:
+    """The kinds an admin muted."""
+    return frozenset(session.scalars(select(AlertMuteRow.kind)))
+
+
+def list_mutes(session: Session) -> list[dict[str, Any]]:
+    """The muted kinds, each with who muted it and when, by kind."""
+    rows = session.scalars(select(AlertMuteRow).order_by(AlertMuteRow.kind))
+    return [{"kind": r.kind, "muted_by": r.muted_by, "muted_at": r.muted_at} for r in rows]
+
+
+def mute(session: Session, kind: str, *, actor: str, now: float) -> dict[str, Any]:
+    """Mute ``kind`` (idempotent: muting a muted kind keeps who muted it first); audited."""
+    kind = parse_kind(kind)
+    row = session.get(AlertMuteRow, kind)
+    if row is None:
+        row = AlertMuteRow(kind=kind, muted_by=actor[:160], muted_at=now)
+        session.add(row)
+    audit.record(
+        session, actor=actor, action="mute_alert_kind", outcome=audit.ALLOWED, now=now,
+        target=f"alert_kind:{kind}",
+    )  # fmt: skip
+    return {"kind": row.kind, "muted": True, "muted_by": row.muted_by, "muted_at": row.muted_at}
+
+
+def unmute(session: Session, kind: str, *, actor: str, now: float) -> dict[str, Any]:
+    """Unmute ``kind`` (idempotent); audited. Alerts recorded while it was muted are not
+    pushed afterwards: the webhook's marker went past them."""
+    kind = parse_kind(kind)
+    row = session.get(AlertMuteRow, kind)
+    if row is not None:
+        session.delete(row)
+    audit.record(
+        session, actor=actor, action="unmute_alert_kind", outcome=audit.ALLOWED, now=now,
+        target=f"alert_kind:{kind}", detail={"was_muted": row is not None},
+    )  # fmt: skip
+    return {"kind": kind, "muted": False}
+
+
+# -- the list ----------------------------------------------------------------------------
+
+
 def list_alerts(
     ctx: HubContext,
     kinds: set[str] | frozenset[str] | None = None,
@@ -86,20 +164,25 @@ def list_alerts(
     limit: int | None = None,
     *,
     until: float | None = None,
+    include_muted: bool = False,
 ) -> Page:
     """Alerts of ``kinds`` (None or empty: every kind), newest first, at or after
     ``since`` (epoch seconds) and before ``until``. Each item: ``kind``, ``at``,
     ``agent_id``, ``instance_id`` (None when it is not one instance's), ``summary`` (one
-    line), ``details`` (the record's own detail) and ``source`` (``instance_event`` or
-    ``audit``, with ``source_id``)."""
+    line), ``details`` (the record's own detail), ``source`` (``instance_event`` or
+    ``audit``, with ``source_id``) and ``muted``. Muted kinds are left out unless
+    ``include_muted``."""
     wanted = parse_kinds(kinds) or KINDS
     check_range(since, until)
     size = check_limit(limit)
     after = decode_cursor(ALERTS, cursor) if cursor else None
     found: list[tuple[Position, dict[str, Any]]] = []
     ie, au = InstanceEventRow, AuditRow
-    event_match = _event_match(wanted)
     with ctx.reading() as session:
+        muted = muted_kinds(session)
+        if not include_muted:
+            wanted = wanted - muted
+        event_match = _event_match(wanted)
         if event_match is not None:
             stmt = select(ie).where(event_match)
             stmt = _window(stmt, ie.at, ie.id, _EVENTS_RANK, since, until, after)
@@ -123,7 +206,88 @@ def list_alerts(
     found.sort(key=lambda pair: pair[0], reverse=True)
     page = found[:size]
     more = len(found) > size
-    return Page([item for _, item in page], encode_cursor(ALERTS, page[-1][0]) if more else None)
+    items = [{**item, "muted": item["kind"] in muted} for _, item in page]
+    return Page(items, encode_cursor(ALERTS, page[-1][0]) if more else None)
+
+
+# -- the webhook's scan ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Marks:
+    """The highest id of each source table already seen by the alert webhook."""
+
+    event_id: int = 0
+    audit_id: int = 0
+    dead_letter_id: int = 0
+
+    def past(self, item: dict[str, Any]) -> Marks:
+        """These marks moved past ``item`` (an alert of `alerts_after`)."""
+        field = _MARK_OF[item["source"]]
+        return replace(self, **{field: max(getattr(self, field), int(item["source_id"]))})
+
+
+_MARK_OF: Final = {
+    "instance_event": "event_id",
+    "audit": "audit_id",
+    "dead_letter": "dead_letter_id",
+}
+
+
+def current_marks(session: Session) -> Marks:
+    """Marks at the newest row of each table: where a webhook that starts now begins
+    (what was recorded before it existed is not sent)."""
+
+    def top(column: InstrumentedAttribute[int]) -> int:
+        return int(session.scalar(select(func.max(column))) or 0)
+
+    return Marks(top(InstanceEventRow.id), top(AuditRow.id), top(DeadLetterRow.id))
+
+
+def rewound(session: Session, marks: Marks, last_scan: float) -> Marks:
+    """``marks`` with each table whose ids went back below its mark set again: SQLite
+    gives a new row the highest id + 1, so once retention deleted a table's newest rows,
+    new ones may take ids the mark already passed. Such a mark moves down to the newest
+    row recorded before ``last_scan`` (the rows after it are new)."""
+    top = current_marks(session)
+    tables = (
+        ("event_id", InstanceEventRow.id, InstanceEventRow.at),
+        ("audit_id", AuditRow.id, AuditRow.at),
+        ("dead_letter_id", DeadLetterRow.id, DeadLetterRow.created_at),
+    )
+    for field, row_id, at in tables:
+        if getattr(top, field) < getattr(marks, field):
+            seen = session.scalar(select(func.max(row_id)).where(at <= last_scan))
+            log.warning("alert marker %s went back: ids were reused after a deletion", field)
+            marks = replace(marks, **{field: int(seen or 0)})
+    return marks
+
+
+def alerts_after(session: Session, marks: Marks, limit: int) -> list[dict[str, Any]]:
+    """Alerts of every kind recorded above ``marks`` (at most ``limit`` of each table),
+    oldest first: each table's in id order (so moving its mark past one is exact), the
+    three merged by time."""
+    ie, au, dl = InstanceEventRow, AuditRow, DeadLetterRow
+    event_match = _event_match(KINDS)
+    assert event_match is not None
+    events = session.scalars(
+        select(ie).where(ie.id > marks.event_id, event_match).order_by(ie.id).limit(limit)
+    )
+    audited = session.scalars(
+        select(au)
+        .where(au.id > marks.audit_id, au.action.in_(sorted(_AUDITED)))
+        .order_by(au.id)
+        .limit(limit)
+    )
+    letters = session.scalars(
+        select(dl).where(dl.id > marks.dead_letter_id).order_by(dl.id).limit(limit)
+    )
+    streams = (
+        [_from_event(r) for r in events],
+        [_from_audit(r) for r in audited],
+        [_from_dead_letter(r) for r in letters],
+    )
+    return list(heapq.merge(*streams, key=lambda item: float(item["at"])))
 
 
 def _event_match(wanted: frozenset[str]) -> ColumnElement[bool] | None:

@@ -532,3 +532,32 @@ class CallbackRow(Base):
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[float] = mapped_column(Double)
     delivered_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+
+
+class AlertMuteRow(Base):
+    """An alert kind an admin muted: not pushed by the alert webhook, hidden from the
+    alerts list unless asked for (``reach.hub.ops.alerts``)."""
+
+    __tablename__ = "alert_mutes"
+
+    kind: Mapped[str] = mapped_column(String(64), primary_key=True)
+    muted_by: Mapped[str] = mapped_column(String(160))
+    muted_at: Mapped[float] = mapped_column(Double)
+
+
+class AlertPushRow(Base):
+    """The alert webhook's marker (one row, ``id`` 1): the highest id of each source table
+    already pushed (or skipped), and the retry state of the alert next in line
+    (``reach.hub.ops.alert_webhook``)."""
+
+    __tablename__ = "alert_push"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    event_id: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    audit_id: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    dead_letter_id: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    next_attempt_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    lease_until: Mapped[float | None] = mapped_column(Double, nullable=True)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    updated_at: Mapped[float] = mapped_column(Double)

@@ -7,7 +7,9 @@ a bad filter is 422 ``invalid-query``, a forged cursor 400 ``bad-cursor``.
 
 Admins and viewers list every task and run; a caller key lists what it submitted, an
 agent key that and what was delivered to its agents (the rule of ``GET /v1/tasks/{id}``,
-applied in the query). Alerts are the fleet's: admins and viewers only.
+applied in the query). Alerts are the fleet's: admins and viewers only. Muting an alert
+kind (``PUT``/``DELETE /api/v1/alerts/mutes/{kind}``) is an admin write, audited; an
+unknown kind is 422 ``invalid-query``.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from reach.hub.ops import alerts, listings
 
 ReadsTasks = Annotated[Principal, Depends(require(Action.READ_TASK))]
 ReadsFleet = Annotated[Principal, Depends(require(Action.READ_FLEET))]
+Administers = Annotated[Principal, Depends(require(Action.ADMINISTER))]
 Repeated = Annotated[list[str] | None, Query()]
 _PROBLEMS: dict[int | str, dict[str, Any]] = {400: {}, 422: {}}
+_ADMIN_PROBLEMS: dict[int | str, dict[str, Any]] = {403: {}, 422: {}}
 
 
 def listing_router(ctx: HubContext) -> APIRouter:
@@ -91,16 +95,46 @@ def listing_router(ctx: HubContext) -> APIRouter:
         until: str | None = None,
         cursor: str | None = None,
         limit: int | None = None,
+        include_muted: bool = False,
     ) -> dict[str, Any]:
         """Alerts, newest first: ``kind`` (repeatable; see `reach.hub.ops.alerts.KINDS`),
-        ``since``/``until``."""
+        ``since``/``until``. Muted kinds are left out unless ``include_muted=true`` (each
+        item says ``muted``)."""
         now = ctx.clock.now()
         kinds = alerts.parse_kinds(kind)
         start = parse_instant(since, now, name="since")
         end = parse_instant(until, now, name="until")
         page = await run_in_threadpool(
-            alerts.list_alerts, ctx, set(kinds), start, cursor, limit, until=end
+            alerts.list_alerts,
+            ctx,
+            set(kinds),
+            start,
+            cursor,
+            limit,
+            until=end,
+            include_muted=include_muted,
         )
         return page.to_json()
+
+    @router.get("/alerts/mutes", responses=_PROBLEMS)
+    def list_mutes(principal: ReadsFleet) -> dict[str, Any]:
+        """The muted alert kinds, with who muted each and when."""
+        with ctx.reading() as session:
+            return {"mutes": alerts.list_mutes(session)}
+
+    @router.put("/alerts/mutes/{kind}", responses=_ADMIN_PROBLEMS)
+    def mute(kind: str, principal: Administers) -> dict[str, Any]:
+        """Mute an alert kind: not pushed by the alert webhook, hidden from the list by
+        default (admin; audited)."""
+        return ctx.write(
+            lambda s: alerts.mute(s, kind, actor=principal.identity, now=ctx.clock.now())
+        )
+
+    @router.delete("/alerts/mutes/{kind}", responses=_ADMIN_PROBLEMS)
+    def unmute(kind: str, principal: Administers) -> dict[str, Any]:
+        """Unmute an alert kind (admin; audited)."""
+        return ctx.write(
+            lambda s: alerts.unmute(s, kind, actor=principal.identity, now=ctx.clock.now())
+        )
 
     return router

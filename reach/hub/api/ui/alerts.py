@@ -2,7 +2,8 @@
 
 It reads `reach.hub.ops.alerts.list_alerts`, the service of ``GET /api/v1/alerts``: heartbeat
 lost, business-unreachable, failing, offline / unreachable, breaker opened / closed,
-dependency loop suspected / calmed, backpressure (429 refusals). Reading needs
+dependency loop suspected / calmed, backpressure (429 refusals), dead letters. Kinds an
+admin muted are hidden unless ``include_muted``, and named above the list. Reading needs
 ``read_fleet`` (admins and viewers).
 """
 
@@ -43,19 +44,25 @@ def router(ctx: HubContext) -> APIRouter:
         kind: Annotated[str, Query(max_length=64)] = "",
         since: Annotated[str, Query(max_length=64)] = "",
         cursor: Annotated[str, Query(max_length=1024)] = "",
+        include_muted: bool = False,
     ) -> HTMLResponse:
         error = ""
         page = Page([])
         try:
             start = parse_instant(since.strip() or None, ctx.clock.now(), name="since")
             kinds = alerts.parse_kinds(kind or None)
-            page = alerts.list_alerts(ctx, set(kinds), start, cursor or None, PAGE_SIZE)
+            page = alerts.list_alerts(
+                ctx, set(kinds), start, cursor or None, PAGE_SIZE, include_muted=include_muted
+            )
         except InvalidQuery as exc:  # an unknown kind, a bad time, a forged cursor
             error = exc.detail
+        with ctx.reading() as session:
+            muted = sorted(alerts.muted_kinds(session))
         context = {
             "items": page.items,
             "next_cursor": page.next_cursor,
-            "filters": {"kind": kind, "since": since},
+            "muted_kinds": muted,
+            "filters": {"kind": kind, "since": since, "include_muted": include_muted},
             "kinds": KINDS,
             "severity": SEVERITY,
             "error": error,
