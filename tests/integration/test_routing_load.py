@@ -104,8 +104,11 @@ def test_every_near_equal_replica_shares_the_work(shared_stack: Stack) -> None:
         group.wait_all(group.send("quick", 300))
         shares = {a.instance_id: group.quick[a.instance_id] / 300 for a in group.agents}
     assert sum(group.quick.values()) == 300
-    for share in shares.values():  # a third each, give or take
-        assert 0.2 <= share <= 0.47, shares
+    # a third each, give or take: the draw weighs each replica by the load its last heartbeat
+    # reported, and on a loaded box those run a beat behind (once 0.20 / 0.51 / 0.28); the
+    # old top-two spread gave the third nothing
+    for share in shares.values():
+        assert 0.15 <= share <= 0.55, shares
 
 
 def test_a_busy_replica_gets_little_beside_an_idle_one(shared_stack: Stack) -> None:
