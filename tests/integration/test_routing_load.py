@@ -121,6 +121,17 @@ def test_a_busy_replica_gets_little_beside_an_idle_one(shared_stack: Stack) -> N
             what="the busy replica's heartbeat saying 7 in flight",
         )
         idle = group.start_one()
+
+        def both_in_the_gate() -> bool:
+            # a new instance earns its probe credit over a few probes; until its score is
+            # within the gate of the busy one's, it is not yet a candidate at all
+            views = {i["instance_id"]: i for i in shared_stack.instances("busy-and-idle")}
+            if busy.instance_id not in views or idle.instance_id not in views:
+                return False
+            b, i = views[busy.instance_id], views[idle.instance_id]
+            return bool(i["routable"]) and i["reach_score"] >= b["reach_score"] - 10
+
+        wait_until(both_in_the_gate, timeout=60, what="the idle replica scored near the busy")
         group.wait_all(group.send("quick", 100))
         group.release.set()
         group.wait_all(held)
