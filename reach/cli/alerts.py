@@ -10,7 +10,9 @@ import typer
 from reach.cli.columns import Output
 from reach.cli.common import console
 from reach.cli.listings import (
+    AlertKindOption,
     CursorOption,
+    IncludeMutedOption,
     LimitOption,
     OutputOption,
     SinceOption,
@@ -32,15 +34,7 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON")]
 @alerts_app.callback()
 def alerts(
     ctx: typer.Context,
-    kind: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--kind",
-            help="offline, unreachable, heartbeat_lost, business_unreachable, failing, "
-            "breaker_opened, breaker_closed, dependency_loop_suspected, "
-            "dependency_loop_calmed, backpressure, dead_letter (repeatable)",
-        ),
-    ] = None,
+    kind: AlertKindOption = None,
     since: SinceOption = None,
     until: UntilOption = None,
     limit: LimitOption = 50,
@@ -48,9 +42,7 @@ def alerts(
     output: OutputOption = Output.TABLE,
     hub: HubOption = None,
     api_key: ApiKeyOption = None,
-    include_muted: Annotated[
-        bool, typer.Option("--include-muted", help="Also the kinds an admin muted")
-    ] = False,
+    include_muted: IncludeMutedOption = False,
 ) -> None:
     """List what is failing: alerts, newest first, muted kinds left out (or run one of
     the commands below)."""

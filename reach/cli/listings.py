@@ -41,7 +41,16 @@ from reach.cli.options import ApiKeyOption, HubOption, fail
 from reach.cli.rendering import NODE_STYLE, STATUS_STYLE
 from reach.errors import ReachError
 
-__all__ = ["OutputOption", "alerts_list", "dag_list", "print_agents", "show", "tasks_list"]
+__all__ = [
+    "AlertKindOption",
+    "IncludeMutedOption",
+    "OutputOption",
+    "alerts_list",
+    "dag_list",
+    "print_agents",
+    "show",
+    "tasks_list",
+]
 
 OutputOption = Annotated[
     Output,
@@ -208,16 +217,23 @@ def dag_list(
     _more(body)
 
 
+# `reach alerts` (a group whose bare form lists, in reach.cli.alerts) takes these too
+AlertKindOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--kind",
+        help="offline, unreachable, heartbeat_lost, business_unreachable, failing, "
+        "breaker_opened, breaker_closed, dependency_loop_suspected, "
+        "dependency_loop_calmed, backpressure, dead_letter (repeatable)",
+    ),
+]
+IncludeMutedOption = Annotated[
+    bool, typer.Option("--include-muted", help="Also the kinds an admin muted")
+]
+
+
 def alerts_list(
-    kind: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--kind",
-            help="offline, unreachable, heartbeat_lost, business_unreachable, failing, "
-            "breaker_opened, breaker_closed, dependency_loop_suspected, "
-            "dependency_loop_calmed, backpressure, dead_letter (repeatable)",
-        ),
-    ] = None,
+    kind: AlertKindOption = None,
     since: SinceOption = None,
     until: UntilOption = None,
     limit: LimitOption = 50,
@@ -225,9 +241,7 @@ def alerts_list(
     output: OutputOption = Output.TABLE,
     hub: HubOption = None,
     api_key: ApiKeyOption = None,
-    include_muted: Annotated[
-        bool, typer.Option("--include-muted", help="Also the kinds an admin muted")
-    ] = False,
+    include_muted: IncludeMutedOption = False,
 ) -> None:
     """List what is failing: alerts, newest first (muted kinds left out)."""
     params: dict[str, Any] = {

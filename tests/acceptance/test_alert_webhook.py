@@ -10,12 +10,9 @@ back (backoff retries); a muted kind is not pushed and not listed.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 import requests
@@ -25,6 +22,7 @@ from reach.core.notify.outbound import SIGNATURE_HEADER
 from tests.support.ports import free_port
 from tests.support.stacks import AgentProcess, Stack
 from tests.support.waiting import wait_until
+from tests.support.webhook_receiver import WebhookReceiver
 
 RECEIVER_PORT = free_port()
 RECEIVER_URL = f"http://127.0.0.1:{RECEIVER_PORT}/hooks/alerts"
@@ -43,48 +41,15 @@ STACK_SETTINGS = {
 AGENT = "alerting"
 
 
-class Receiver:
-    """A webhook receiver on loopback: records each request; may be down."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.requests: list[tuple[dict[str, str], bytes]] = []
-        self._lock = threading.Lock()
-        self._server: ThreadingHTTPServer | None = None
-
-    def start(self) -> None:
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                with receiver._lock:
-                    receiver.requests.append((dict(self.headers.items()), body))
-                self.send_response(204)
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        server.daemon_threads = True
-        server.allow_reuse_address = True
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        self._server = server
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+class Receiver(WebhookReceiver):
+    """The shared loopback receiver, with this module's filter."""
 
     def for_task(self, task_id: str) -> list[tuple[dict[str, str], bytes]]:
-        with self._lock:
-            return [
-                (h, b)
-                for h, b in self.requests
-                if json.loads(b).get("details", {}).get("task_id") == task_id
-            ]
+        return [
+            (h, b)
+            for h, b in self.received()
+            if json.loads(b).get("details", {}).get("task_id") == task_id
+        ]
 
 
 @pytest.fixture(scope="module")
