@@ -93,20 +93,7 @@ def add_rule(
             )
         )
         session.flush()
-        audit.record(
-            session,
-            actor=actor,
-            action="agent.allow",
-            outcome=audit.ALLOWED,
-            now=now,
-            target=f"agent:{agent_id}",
-            detail={
-                "kind": kind.value,
-                "value": value,
-                "old": _listed(before, kind),
-                "new": _listed(rules_of(session, agent_id), kind),
-            },
-        )
+        _audit_rule(session, "agent.allow", agent_id, kind, value, before, actor, now)
     return {**allow_list_view(session, agent_id), "changed": not exists}
 
 
@@ -125,21 +112,35 @@ def remove_rule(
     )
     changed = bool(getattr(removed, "rowcount", 0))
     if changed:
-        audit.record(
-            session,
-            actor=actor,
-            action="agent.disallow",
-            outcome=audit.ALLOWED,
-            now=now,
-            target=f"agent:{agent_id}",
-            detail={
-                "kind": kind.value,
-                "value": value,
-                "old": _listed(before, kind),
-                "new": _listed(rules_of(session, agent_id), kind),
-            },
-        )
+        _audit_rule(session, "agent.disallow", agent_id, kind, value, before, actor, now)
     return {**allow_list_view(session, agent_id), "changed": changed}
+
+
+def _audit_rule(
+    session: Session,
+    action: str,
+    agent_id: str,
+    kind: RuleKind,
+    value: str,
+    before: AllowList,
+    actor: str,
+    now: float,
+) -> None:
+    """One audit row for an allow-list change: the entry, and the list before and after."""
+    audit.record(
+        session,
+        actor=actor,
+        action=action,
+        outcome=audit.ALLOWED,
+        now=now,
+        target=f"agent:{agent_id}",
+        detail={
+            "kind": kind.value,
+            "value": value,
+            "old": _listed(before, kind),
+            "new": _listed(rules_of(session, agent_id), kind),
+        },
+    )
 
 
 def rules_of(session: Session, agent_id: str) -> AllowList:
