@@ -50,7 +50,11 @@ def _probe_and_record(target: ProbeTarget) -> None:
     try:
         if target.protocol == mcp_servers.PROTOCOL:
             outcome = mcp_servers.probe(
-                target, ctx.policy.probe_timeout, ctx.clock.now, ctx.policy.network
+                target,
+                ctx.policy.probe_timeout,
+                ctx.clock.now,
+                ctx.policy.network,
+                ctx.settings.mcp_agents.timeout_s,
             )
         else:
             outcome = probe_once(

@@ -130,7 +130,7 @@ def test_a_reach_is_a_tool_call(shared_stack: Stack, tools: McpToolServer) -> No
     assert stepped.data == {"steps": 3}
     progress = [e for e in shared_stack.events(steps.task_id) if e["kind"] == "progress"]
     assert [p["detail"]["message"] for p in progress] == ["step 1", "step 2", "step 3"]
-    assert progress[-1]["detail"]["progress"] == 1.0
+    assert progress[-1]["detail"]["progress"] == 1.0 and "a2a_state" not in progress[-1]["detail"]
     calls = tools.calls() - before
     assert calls == {"echo": 2, "fail": 1, "steps": 1}
 

@@ -554,7 +554,7 @@ class McpTransport:
 
         async def on_progress(fraction: float | None, message: str) -> None:
             async with in_order:
-                await progress(a2a_rules.Progress(message, None, "working", fraction))
+                await progress(a2a_rules.Progress(message, None, "", fraction))
 
         arguments = d.payload if isinstance(d.payload, dict) else {"data": d.payload}
         answer = await call_tool(

@@ -177,15 +177,17 @@ async def list_tools(url: str, rule: NetworkRule | None, timeout: float) -> List
 
 
 async def ping(
-    url: str, rule: NetworkRule | None, timeout: float
+    url: str, rule: NetworkRule | None, timeout: float, handshake: float
 ) -> tuple[float | None, str | None]:
-    """``initialize`` then ``ping``: the ping's round trip in milliseconds (the handshake
-    before it is not counted: it is several exchanges), or None and why there was none."""
+    """``initialize`` (within ``handshake`` seconds: several exchanges, a new connection)
+    then ``ping`` (within ``timeout``): the ping's round trip in milliseconds, or None and
+    why there was none. Only the ping is the measurement."""
     try:
-        async with asyncio.timeout(timeout):
-            async with _session(url, rule, timeout, timeout) as (session, _name):
+        async with asyncio.timeout(handshake + timeout):
+            async with _session(url, rule, handshake, handshake) as (session, _name):
                 started = time.perf_counter()
-                await session.send_ping()
+                async with asyncio.timeout(timeout):
+                    await session.send_ping()
                 rtt_ms = (time.perf_counter() - started) * 1000
         return rtt_ms, None
     except Exception as exc:

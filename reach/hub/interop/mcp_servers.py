@@ -344,12 +344,17 @@ def refresh_one(
 
 
 def probe(
-    target: ProbeTarget, timeout: float, now: Callable[[], float], rule: NetworkRule | None
+    target: ProbeTarget,
+    timeout: float,
+    now: Callable[[], float],
+    rule: NetworkRule | None,
+    handshake: float,
 ) -> ProbeOutcome:
-    """The probe of an MCP server: ``initialize`` and ``ping`` (its round trip is the RTT).
-    It runs on a probe thread, as any probe: never on a delivery's loop."""
+    """The probe of an MCP server: ``initialize`` (within ``handshake``, the
+    ``mcp_agents.timeout_s``) and ``ping`` (within the probe's ``timeout``; its round trip
+    is the RTT). It runs on a probe thread, as any probe: never on a delivery's loop."""
     at = now()
-    rtt_ms, error = asyncio.run(ping(target.url, rule, timeout))
+    rtt_ms, error = asyncio.run(ping(target.url, rule, timeout, handshake))
     return ProbeOutcome(
         target.instance_id, ProbeSample(ok=error is None, rtt_ms=rtt_ms, at=at), error
     )
