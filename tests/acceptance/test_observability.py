@@ -44,7 +44,7 @@ from tests.support.monitoring import (
 )
 from tests.support.paths import REPO
 from tests.support.ports import free_port
-from tests.support.stacks import Stack
+from tests.support.stacks import HubProcess, Stack, wait_http_ok
 from tests.support.waiting import wait_until
 
 STACK_SETTINGS = {
@@ -243,6 +243,18 @@ def test_every_hub_log_line_is_json_naming_its_role_and_task(run: Run) -> None:
     assert all(isinstance(r["attempt"], int) for r in worker if "task_id" in r)
     api = [json.loads(line) for line in _lines(run.stack.home / "api.log")]
     assert any(r["logger"] == "uvicorn.access" for r in api)  # uvicorn's lines too
+
+
+def test_flower_logs_json_lines_too(run: Run) -> None:
+    port = free_port()
+    log = run.stack.home / "flower.log"
+    flower = HubProcess(["flower", "--port", str(port)], run.stack.env, log)
+    try:
+        wait_http_ok(f"http://127.0.0.1:{port}/healthcheck", flower)
+    finally:
+        flower.stop()
+    records = [json.loads(line) for line in _lines(log)]  # every line parses
+    assert records and {r["role"] for r in records} == {"flower"}
 
 
 def test_no_log_of_the_run_holds_a_secret(run: Run) -> None:

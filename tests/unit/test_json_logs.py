@@ -151,3 +151,26 @@ def test_configure_text_changes_nothing() -> None:
     assert said == "False"
     assert "from a library" in lines  # the library's own handler, as before
     assert not any(line.startswith("{") for line in lines)
+
+
+SUPERVISOR = """
+from reach.cli.supervisor import Screen
+from reach.hub import logs
+logs.configure("json", "up")
+Screen().say("[bold]Agent-Reach is up[/bold]")
+Screen().say("")
+Screen().say("[red]worker exited with code 1; stopping the hub[/red]", to_stderr=True)
+"""
+
+
+def test_reach_up_says_its_lines_as_json_log_lines() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", SUPERVISOR], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ""
+    records = [json.loads(line) for line in done.stderr.splitlines()]
+    assert [(r["level"], r["message"], r["role"]) for r in records] == [
+        ("INFO", "Agent-Reach is up", "up"),  # the markup dropped, the blank line too
+        ("WARNING", "worker exited with code 1; stopping the hub", "up"),
+    ]
