@@ -297,3 +297,38 @@ def test_no_key_a_forged_one_or_one_that_may_not_submit_is_refused(hub: Hub) -> 
 
     with pytest.raises(Exception):  # noqa: B017 -- the client's own error for a 401
         run(without_key())
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_on_sqlite_an_open_loopback_hub_serves_its_tools_and_parks_a_gated_call(
+    hub_api: str,
+) -> None:
+    """The embedded store (the API alone: a parked call needs no worker); an open hub on
+    loopback takes no key, and its DNS-rebinding guard refuses a foreign Host."""
+    capabilities = [
+        {"type": "orders.cancel", "require_approval": True},
+        {"type": "text.echo", "description": "Echo."},
+    ]
+    body = {"agent_id": "lite", "addr": "127.0.0.1:9", "allow_loopback": True,
+            "capabilities": capabilities}  # fmt: skip
+    assert requests.post(hub_api + "/v1/agents/register", json=body, timeout=10).ok
+
+    async def calls() -> tuple[list[types.Tool], types.CallToolResult]:
+        async with session(hub_api + "/mcp?agent=lite", None) as s:
+            tools = (await s.list_tools()).tools
+            return tools, await s.call_tool("orders.cancel", {"order": 1})
+
+    tools, parked = run(calls())
+    assert [(t.name, t.description) for t in tools][1] == ("text.echo", "Echo.")
+    assert not parked.is_error and structured(parked)["status"] == "awaiting_approval"
+    approval = requests.get(
+        f"{hub_api}/api/v1/approvals/{structured(parked)['approval_id']}", timeout=10
+    ).json()
+    assert approval["status"] == "pending" and approval["agent_id"] == "lite"
+    foreign = requests.post(
+        hub_api + "/mcp",
+        headers={"Host": "reach.attacker.example", "Accept": "application/json, text/event-stream"},
+        json={"jsonrpc": "2.0", "id": 1, "method": "ping"},
+        timeout=10,
+    )
+    assert foreign.status_code == 421, foreign.text
