@@ -85,6 +85,7 @@ def test_one_tool_per_capability_whichever_agents_declare_it() -> None:
         ({"_meta": {"progressToken": True}}, rules.CallOptions(30_000, False)),
         ({"_meta": {"reach/timeout_ms": 5000}}, rules.CallOptions(5000, False)),
         ({"_meta": "nonsense"}, rules.CallOptions(30_000, False)),
+        ({"_meta": {"reach/session_id": "s-1"}}, rules.CallOptions(30_000, False, "s-1")),
     ],
 )
 def test_call_options_come_from_the_calls_meta(
@@ -97,6 +98,12 @@ def test_call_options_come_from_the_calls_meta(
 def test_a_bad_timeout_is_refused_with_its_key_named(bad: object) -> None:
     with pytest.raises(ValueError, match="reach/timeout_ms"):
         rules.call_options({"_meta": {"reach/timeout_ms": bad}})
+
+
+@pytest.mark.parametrize("bad", ["", "s" * 129, 7, ["s"]])
+def test_a_bad_session_is_refused_with_its_key_named(bad: object) -> None:
+    with pytest.raises(ValueError, match="reach/session_id"):
+        rules.call_options({"_meta": {"reach/session_id": bad}})
 
 
 TOOL = Tool("text.echo", "text.echo", "echo", {"type": "object"}, ("a",))
@@ -114,7 +121,7 @@ TOOL = Tool("text.echo", "text.echo", "echo", {"type": "object"}, ("a",))
 def test_a_call_is_a_submission_routed_by_capability_within_the_scope(
     scope: Scope, target: dict[str, Any]
 ) -> None:
-    body = rules.submission(scope, TOOL, {"text": "hi"}, 1234)
+    body = rules.submission(scope, TOOL, {"text": "hi"}, rules.CallOptions(1234))
     assert body == {
         "capability": "text.echo",
         "method": "text.echo",
@@ -122,7 +129,9 @@ def test_a_call_is_a_submission_routed_by_capability_within_the_scope(
         "timeout_ms": 1234,
         **target,
     }
-    assert rules.submission(scope, TOOL, None, 1)["payload"] == {}
+    assert rules.submission(scope, TOOL, None, rules.CallOptions())["payload"] == {}
+    in_session = rules.submission(scope, TOOL, None, rules.CallOptions(session_id="s-1"))
+    assert in_session["session_id"] == "s-1"
 
 
 @pytest.mark.parametrize(

@@ -56,6 +56,7 @@ from reach.errors import (
 
 __all__ = [
     "CANCELLED",
+    "SESSION_META",
     "TIMEOUT_META",
     "TOOL_NAME",
     "CallOptions",
@@ -75,6 +76,8 @@ __all__ = [
 
 TOOL_NAME: Final = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 TIMEOUT_META: Final = "reach/timeout_ms"  # a call's task timeout, in the request's _meta
+SESSION_META: Final = "reach/session_id"  # the user session the call's task belongs to
+MAX_SESSION_ID: Final = 128
 DEFAULT_TIMEOUT_MS: Final = 30_000  # a task's default (reach.wire.schemas.SubmitRequest)
 MAX_TIMEOUT_MS: Final = 3_600_000
 CANCELLED: Final = PROBLEM_TYPE_PREFIX + "task-cancelled"
@@ -128,10 +131,12 @@ class ToolResult:
 @dataclass(frozen=True, slots=True)
 class CallOptions:
     """What a tools/call's ``_meta`` asks of the hub: the task's timeout (also how long
-    the call waits for its end) and whether progress notifications are wanted."""
+    the call waits for its end), whether progress notifications are wanted, and the user
+    session the task belongs to (closing it cancels the task: ``reach sessions close``)."""
 
     timeout_ms: int = DEFAULT_TIMEOUT_MS
     progress: bool = False
+    session_id: str | None = None
 
 
 def tool_name(capability: str) -> str:
@@ -192,8 +197,8 @@ def tools_of(
 
 def call_options(params: Mapping[str, Any] | None) -> CallOptions:
     """The options of a tools/call from its raw params' ``_meta``: ``reach/timeout_ms``
-    (1 ms to 1 h; anything else is a ValueError saying so) and whether a
-    ``progressToken`` was sent."""
+    (1 ms to 1 h), ``reach/session_id`` (a string of 1 to 128 characters), whether a
+    ``progressToken`` was sent; a bad value is a ValueError naming its key."""
     meta = (params or {}).get("_meta")
     if not isinstance(meta, Mapping):
         return CallOptions()
@@ -204,19 +209,28 @@ def call_options(params: Mapping[str, Any] | None) -> CallOptions:
         raise ValueError(
             f"_meta.{TIMEOUT_META} must be an integer from 1 to {MAX_TIMEOUT_MS}, not {raw!r}"
         )
-    return CallOptions(raw, progress)
+    session = meta.get(SESSION_META)
+    if session is not None and (
+        not isinstance(session, str) or not 1 <= len(session) <= MAX_SESSION_ID
+    ):
+        raise ValueError(
+            f"_meta.{SESSION_META} must be a string of 1 to {MAX_SESSION_ID} characters"
+        )
+    return CallOptions(raw, progress, session)
 
 
 def submission(
-    scope: Scope, tool: Tool, arguments: Mapping[str, Any] | None, timeout_ms: int
+    scope: Scope, tool: Tool, arguments: Mapping[str, Any] | None, options: CallOptions
 ) -> dict[str, Any]:
     """The ``POST /v1/tasks`` body of a call: routed by capability, within the scope."""
     body: dict[str, Any] = {
         "capability": tool.capability,
         "method": tool.capability,
         "payload": dict(arguments or {}),
-        "timeout_ms": timeout_ms,
+        "timeout_ms": options.timeout_ms,
     }
+    if options.session_id is not None:
+        body["session_id"] = options.session_id
     if scope.agent_id:
         body["agent_id"] = scope.agent_id
     if scope.tags:

@@ -163,7 +163,7 @@ class HubMcp:
             )
         try:
             body = SubmitRequest.model_validate(
-                rules.submission(scope, tool, params.arguments, options.timeout_ms)
+                rules.submission(scope, tool, params.arguments, options)
             )
         except ValidationError as exc:
             wrong = exc.errors()[0]
