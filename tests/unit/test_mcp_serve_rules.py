@@ -31,6 +31,12 @@ def test_a_capability_type_is_its_tool_name_or_a_mapped_one(capability: str, nam
     assert rules.TOOL_NAME.fullmatch(name)
 
 
+def test_in_a_clash_the_type_that_is_its_own_name_keeps_it() -> None:
+    mapped = rules.tool_name("a:b")
+    tools = rules.tools_of([("x", {"type": "a:b"}), ("y", {"type": mapped})])
+    assert [(t.name, t.capability) for t in tools] == [(mapped, mapped)]
+
+
 def test_mapped_names_stay_distinct_and_within_128_characters() -> None:
     names = {rules.tool_name(c) for c in ("a/b", "a:b", "a_b/", "a/b:c", "x/" + "y" * 126)}
     assert len(names) == 5

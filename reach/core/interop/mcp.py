@@ -11,8 +11,9 @@ agent-id order gives the description and the input schema. A capability type tha
 a valid MCP tool name (``[A-Za-z0-9._-]{1,128}``) is the tool's name; one with ``:`` or
 ``/`` (which hub names allow and tool names do not) becomes its name with those replaced
 by ``_``, plus ``-`` and the first 8 hex digits of the SHA-256 of the type, so names stay
-distinct; in the rare clash left, the first capability in sorted order keeps the name and
-the other is left out. The tool's ``_meta`` names the capability type and its agents.
+distinct; in the rare clash left, a type that is its own name keeps it (else the first in
+sorted order) and the other is left out. The tool's ``_meta`` names the capability type
+and its agents.
 
 **Results.** A task's terminal view becomes a `ToolResult`:
 
@@ -173,10 +174,11 @@ def tools_of(
     for agent_id, decl in sorted(declarations, key=lambda d: (str(d[1].get("type")), d[0])):
         by_type.setdefault(str(decl.get("type")), []).append((agent_id, decl))
     tools: dict[str, Tool] = {}
-    for capability, decls in sorted(by_type.items()):
+    # a type that is its own tool name first: it keeps its name in a clash with a mapped one
+    for capability, decls in sorted(by_type.items(), key=lambda i: (tool_name(i[0]) != i[0], i)):
         name = tool_name(capability)
         if name in tools:
-            continue  # a clash of mapped names: the first in sorted order keeps it
+            continue  # a clash (see the module docstring): the one named first keeps it
         first = decls[0][1]
         agents = tuple(dict.fromkeys(agent for agent, _ in decls))
         description = str(first.get("description") or "").strip() or (

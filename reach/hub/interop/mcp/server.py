@@ -49,7 +49,7 @@ from reach.core.ledger.statuses import TERMINAL, TaskStatus
 from reach.core.security.auth import Principal
 from reach.errors import HubUnavailable, InvalidQuery, InvalidTaskRequest, ReachError
 from reach.hub.gates import approvals
-from reach.hub.interop.mcp.tools import check_scope, read_tools
+from reach.hub.interop.mcp.tools import check_scope, read_tool, read_tools
 from reach.hub.ledger import streams
 from reach.hub.ledger.longpoll import long_poll
 from reach.hub.ledger.tasks import Publish
@@ -133,6 +133,10 @@ class HubMcp:
         with self.ctx.reading() as session:
             return read_tools(session, scope, self.ctx.approval_policy)
 
+    def _tool(self, scope: Scope, name: str) -> Tool | None:
+        with self.ctx.reading() as session:
+            return read_tool(session, scope, name, self.ctx.approval_policy)
+
     def check(self, scope: Scope) -> None:
         """Refuse a scope naming an agent, tag or capability the hub does not know."""
         with self.ctx.reading() as session:
@@ -155,8 +159,7 @@ class HubMcp:
             options = rules.call_options(ctx.params)
         except ValueError as exc:
             return _result(rules.refusal(InvalidTaskRequest(str(exc))))
-        tools = await self.intake.lane.run(self._tools, scope)
-        tool = next((t for t in tools if t.name == params.name), None)
+        tool = await self.intake.lane.run(self._tool, scope, params.name)
         if tool is None:
             raise MCPError(
                 types.INVALID_PARAMS, f"unknown tool {params.name!r} ({scope.describe()})"

@@ -4,6 +4,7 @@ decides the names, schemas and descriptions)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import exists, select
@@ -48,6 +49,20 @@ def read_tools(session: Session, scope: Scope, policy: approvals.ApprovalPolicy)
         by_type.setdefault(str(decl.get("type")), []).append(decl)
     gated = [t for t, decls in by_type.items() if approvals.required(decls, t, t, policy)]
     return tools_of(declarations, gated)
+
+
+def read_tool(
+    session: Session, scope: Scope, name: str, policy: approvals.ApprovalPolicy
+) -> Tool | None:
+    """The tool ``name`` of ``scope``, or None. A call reads only the agents declaring the
+    capability of that name (the index), not the whole scope; a mapped name (its type had
+    ``:`` or ``/``) needs the scope's list."""
+    if scope.capability in (None, name):
+        narrowed = read_tools(session, replace(scope, capability=name), policy)
+        found = next((t for t in narrowed if t.name == name), None)
+        if found is not None:
+            return found
+    return next((t for t in read_tools(session, scope, policy) if t.name == name), None)
 
 
 def check_scope(session: Session, scope: Scope) -> None:
