@@ -113,7 +113,9 @@ def _online(hub: Hub, agent_id: str) -> bool:
 
 
 @asynccontextmanager
-async def session(url: str, key: str | None) -> AsyncIterator[ClientSession]:
+async def session(url: str, key: str | None, modern: bool = False) -> AsyncIterator[ClientSession]:
+    """A client session: the ``initialize`` handshake (2025-11-25), or with ``modern`` the
+    per-request era (``server/discover``, 2026-07-28)."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     timeout = httpx2.Timeout(30, read=120)
     async with (
@@ -121,7 +123,7 @@ async def session(url: str, key: str | None) -> AsyncIterator[ClientSession]:
         streamable_http_client(url, http_client=client) as (read, write),
         ClientSession(read, write) as s,
     ):
-        await s.initialize()
+        await (s.discover() if modern else s.initialize())
         yield s
 
 
@@ -140,11 +142,12 @@ def structured(result: types.CallToolResult) -> dict[str, Any]:
 def test_the_hubs_capabilities_are_its_tools_with_their_schemas_scoped_by_the_url(
     hub: Hub,
 ) -> None:
-    async def lists(query: str) -> list[types.Tool]:
-        async with session(hub.mcp + query, hub.caller.secret) as s:
+    async def lists(query: str, modern: bool = False) -> list[types.Tool]:
+        async with session(hub.mcp + query, hub.caller.secret, modern) as s:
             return (await s.list_tools()).tools
 
     tools = {t.name: t for t in run(lists(""))}
+    assert [t.name for t in run(lists("", modern=True))] == sorted(tools)
     mapped = next(n for n in tools if n.startswith("doc_summarise_v2-"))
     assert set(tools) >= {"text.echo", "work.steps", "text.fail", "orders.cancel", mapped}
     echo = tools["text.echo"]
