@@ -307,7 +307,7 @@ def test_on_sqlite_an_open_loopback_hub_serves_its_tools_and_parks_a_gated_call(
     hub_api: str,
 ) -> None:
     """The embedded store (the API alone: a parked call needs no worker); an open hub on
-    loopback takes no key, and its DNS-rebinding guard refuses a foreign Host."""
+    loopback takes no key, and refuses a Host that is not a loopback name (DNS rebinding)."""
     capabilities = [
         {"type": "orders.cancel", "require_approval": True},
         {"type": "text.echo", "description": "Echo."},
@@ -334,4 +334,5 @@ def test_on_sqlite_an_open_loopback_hub_serves_its_tools_and_parks_a_gated_call(
         json={"jsonrpc": "2.0", "id": 1, "method": "ping"},
         timeout=10,
     )
-    assert foreign.status_code == 421, foreign.text
+    assert foreign.status_code == 403, foreign.text
+    assert foreign.json()["type"] == PROBLEM + "forbidden" and "Host" in foreign.json()["detail"]

@@ -256,3 +256,28 @@ def test_a_gated_call_is_awaiting_approval_not_an_error() -> None:
 def test_a_scope_describes_itself() -> None:
     assert Scope().describe() == "the whole hub"
     assert Scope("a", ("t",), "c").describe() == "agent a, tag t, capability c"
+
+
+@pytest.mark.parametrize(
+    ("host", "origin", "refused"),
+    [
+        ("127.0.0.1:8800", None, None),
+        ("localhost:8800", "http://localhost:8800", None),
+        ("[::1]:8800", "https://[::1]", None),
+        ("127.0.0.1", "http://127.0.0.1:3000", None),  # another local port: still loopback
+        ("evil.example:8800", None, "Host"),  # rebinding: the page's own name
+        ("evil.example", "http://127.0.0.1:8800", "Host"),
+        ("127.0.0.1:8800", "http://evil.example", "Origin"),
+        ("127.0.0.1:8800", "null", "Origin"),
+        ("127.0.0.1:8800", "file:///x", "Origin"),
+        (None, None, "Host"),
+        ("[::1", None, "Host"),
+        ("127.0.0.1:8800", "http://[::1", "Origin"),
+        ("0.0.0.0:8800", None, "Host"),
+    ],
+)
+def test_an_open_hubs_endpoint_takes_loopback_names_only(
+    host: str | None, origin: str | None, refused: str | None
+) -> None:
+    why = rules.rebinding_refusal(host, origin)
+    assert (why is None) if refused is None else (why is not None and why.startswith(refused))

@@ -43,7 +43,9 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
+from urllib.parse import urlsplit
 
+from reach.core.security.auth import is_loopback_host
 from reach.errors import (
     PROBLEM_TYPE_PREFIX,
     ApprovalExpired,
@@ -69,6 +71,7 @@ __all__ = [
     "input_schema_of",
     "outcome_of",
     "progress_step",
+    "rebinding_refusal",
     "refusal",
     "submission",
     "tool_name",
@@ -253,6 +256,28 @@ def progress_step(
     if fraction <= last:
         return None
     return fraction, 1.0, (str(message) if message else None)
+
+
+def rebinding_refusal(host: str | None, origin: str | None) -> str | None:
+    """Why a request to an open hub on loopback is refused (None: it is not): its ``Host``
+    or ``Origin`` names something other than a loopback address. A web page's script whose
+    site name was made to resolve to 127.0.0.1 (DNS rebinding) sends its own name there,
+    and must not reach the tools of a hub that takes requests without a key."""
+    try:
+        name = urlsplit(f"//{host}").hostname if host else None
+    except ValueError:  # a bracket left open
+        name = None
+    if not name or not is_loopback_host(name):
+        return f"Host {host!r} is not a loopback name (an open hub's MCP endpoint)"
+    if origin is not None:
+        try:
+            parts = urlsplit(origin)
+            loopback = parts.scheme in ("http", "https") and is_loopback_host(parts.hostname or "")
+        except ValueError:
+            loopback = False
+        if not loopback:
+            return f"Origin {origin!r} is not a loopback origin (an open hub's MCP endpoint)"
+    return None
 
 
 def _error(

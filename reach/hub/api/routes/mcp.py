@@ -9,7 +9,8 @@ Authenticated like the rest of the hub before the MCP SDK sees a byte: with auth
 key or a bad one is a 401 problem (`reach.hub.api.auth.AuthMiddleware`); a key that may
 not submit tasks is a 403 ``forbidden`` (logged and audited); a bad scope is a 422
 ``invalid-query``, one naming an agent, tag or capability the hub does not know a 404.
-On an open hub bound to loopback (the demo), the SDK's DNS-rebinding guard is on: a web
+On an open hub bound to loopback (the demo), a ``Host`` or ``Origin`` that is not a
+loopback name is a 403 ``forbidden`` (``reach.core.interop.mcp.rebinding_refusal``): a web
 page's script cannot reach the tools through a name that resolves to 127.0.0.1. Left out
 of the OpenAPI document: MCP is described by its own specification.
 """
@@ -17,14 +18,13 @@ of the OpenAPI document: MCP is described by its own specification.
 from __future__ import annotations
 
 from fastapi import FastAPI
-from mcp.server.transport_security import TransportSecuritySettings
 from starlette.requests import Request
 from starlette.types import Receive, Send
 from starlette.types import Scope as AsgiScope
 
-from reach.core.interop.mcp import Scope
+from reach.core.interop.mcp import Scope, rebinding_refusal
 from reach.core.security.auth import Action
-from reach.errors import HubUnavailable, ReachError
+from reach.errors import Forbidden, HubUnavailable, ReachError
 from reach.hub.api.auth import require
 from reach.hub.api.problems import problem_response
 from reach.hub.api.routes.tasks import Intake, read_task
@@ -35,20 +35,23 @@ from reach.hub.ledger.streams import StreamHub
 from reach.hub.ledger.wakeups import Waiters
 
 PATH = "/mcp"
-_LOOPBACK_HOSTS = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
-_LOOPBACK_ORIGINS = ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]
 _SUBMITS = require(Action.SUBMIT)
 
 
 class McpEndpoint:
     """The ASGI app at ``/mcp``: the hub's checks, then the SDK's transport."""
 
-    def __init__(self, service: McpService) -> None:
+    def __init__(self, service: McpService, demo: bool) -> None:
         self.service = service
+        self.demo = demo  # open and on loopback: refuse names that are not loopback
 
     async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
         try:
+            if self.demo and (
+                why := rebinding_refusal(request.headers.get("host"), request.headers.get("origin"))
+            ):
+                raise Forbidden(why)
             await _SUBMITS(request)  # 403 forbidden (logged, audited) for a key that may not
             query: dict[str, list[str]] = {}
             for key, value in request.query_params.multi_items():
@@ -75,16 +78,7 @@ def install_mcp(
     demo: bool,
 ) -> McpService:
     """Mount ``/mcp`` on ``app``; the caller runs the returned service in its lifespan."""
-    security = (
-        TransportSecuritySettings(
-            enable_dns_rebinding_protection=True,
-            allowed_hosts=_LOOPBACK_HOSTS,
-            allowed_origins=_LOOPBACK_ORIGINS,
-        )
-        if demo
-        else None
-    )
     mcp = HubMcp(ctx, intake, waiters, stream_hub, read_task)
-    service = McpService(mcp, security, admission.body_limit(ctx.settings))
-    app.add_route(PATH, McpEndpoint(service), include_in_schema=False)  # type: ignore[arg-type]
+    service = McpService(mcp, admission.body_limit(ctx.settings))
+    app.add_route(PATH, McpEndpoint(service, demo), include_in_schema=False)  # type: ignore[arg-type]
     return service

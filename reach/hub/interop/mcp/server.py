@@ -35,7 +35,6 @@ from mcp import types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from pydantic import TypeAdapter, ValidationError
 from starlette.requests import Request
@@ -270,11 +269,8 @@ class McpService:
     """The Streamable HTTP side: one session manager per run of the API's lifespan
     (the SDK's manager runs once), stateless, answering at ``/mcp``."""
 
-    def __init__(
-        self, mcp: HubMcp, security: TransportSecuritySettings | None, max_body: int
-    ) -> None:
+    def __init__(self, mcp: HubMcp, max_body: int) -> None:
         self.mcp = mcp
-        self.security = security
         self.max_body = max_body
         self._manager: StreamableHTTPSessionManager | None = None
 
@@ -282,8 +278,7 @@ class McpService:
     async def running(self) -> AsyncIterator[None]:
         manager = StreamableHTTPSessionManager(
             app=self.mcp.server,
-            stateless=True,
-            security_settings=self.security,
+            stateless=True,  # Host and Origin are checked at the edge (reach.hub.api.routes.mcp)
             max_request_body_size=self.max_body,
         )
         async with manager.run():
