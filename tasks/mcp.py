@@ -1,4 +1,4 @@
-"""MCP sweeps (``reach.hub.interop.mcp_servers``): read every MCP server's tool list again
+"""MCP sweeps (``reach.hub.interop.mcp.servers``): read every MCP server's tool list again
 (its heartbeat, and any change of its tools under the squatting rule).
 
 As the probe sweep, the task only claims and submits: each read (an MCP session:
@@ -16,7 +16,7 @@ from functools import lru_cache
 from celery import shared_task
 
 from reach.hub.fleet.probing import ProbePool
-from reach.hub.interop import mcp_servers
+from reach.hub.interop.mcp import servers as mcp_servers
 from reach.worker.sweeps import skip_when_unavailable
 
 log = logging.getLogger("reach.tasks.mcp")

@@ -13,7 +13,7 @@ from celery import shared_task
 
 from reach.hub.fleet import reachability as monitoring
 from reach.hub.fleet.probing import ProbePool, ProbeTarget, probe_once
-from reach.hub.interop import mcp_servers
+from reach.hub.interop.mcp import servers as mcp_servers
 from reach.worker.sweeps import skip_when_unavailable
 
 log = logging.getLogger("reach.tasks.probing")

@@ -20,6 +20,7 @@ not even ``kill -9`` of the supervisor leaves an orphan holding the port.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
 import socket
@@ -36,11 +37,13 @@ from typing import IO
 import requests
 from rich.console import Console
 from rich.markup import escape
+from rich.text import Text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from reach.cli.flower import flower_supported
 from reach.core.security.auth import auth_required, is_loopback_host, parse_secret
+from reach.hub import logs
 from reach.hub.settings import Settings
 from reach.hub.storage import upgrade_database
 
@@ -110,9 +113,16 @@ class StopRequest:
 
 
 class Screen:
-    """The supervisor's own lines; a closed terminal (SIGHUP) must not stop the shutdown."""
+    """The supervisor's own lines; a closed terminal (SIGHUP) must not stop the shutdown.
+    With JSON logs (``logging.format``) each is a log line of ``reach.cli.up``, its markup
+    dropped, and the children write JSON lines to their logs as well."""
 
     def say(self, text: str = "", *, to_stderr: bool = False) -> None:
+        if logs.configured_role() is not None:
+            if text.strip():
+                level = logging.WARNING if to_stderr else logging.INFO
+                logging.getLogger("reach.cli.up").log(level, Text.from_markup(text).plain.strip())
+            return
         try:
             (err_console if to_stderr else console).print(text)
         except OSError:  # EIO: the terminal went away (EPIPE lands in on_broken_pipe)

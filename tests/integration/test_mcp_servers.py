@@ -14,8 +14,8 @@ from reach.core.security.trust import TrustLevel
 from reach.errors import InvalidMcpServer
 from reach.hub.clock import ManualClock
 from reach.hub.fleet import registry
-from reach.hub.interop import mcp_servers
-from reach.hub.interop.mcp_client import Listing
+from reach.hub.interop.mcp import servers as mcp_servers
+from reach.hub.interop.mcp.client import Listing
 from reach.hub.security import trust
 from reach.hub.settings import load_settings
 from reach.hub.storage.models import AgentRow, InstanceEventRow, InstanceRow

@@ -1,5 +1,5 @@
 """An MCP server as an agent: its tools as capabilities, a tool's result as an outcome, and
-what a re-read tool list may change (pure; the wire is ``reach.hub.interop.mcp_client``).
+what a re-read tool list may change (pure; the wire is ``reach.hub.interop.mcp.client``).
 
 A tool is a capability of the same name: its description, and its ``inputSchema`` as the
 ``params_schema`` the hub validates a payload against before the call. A tool whose name

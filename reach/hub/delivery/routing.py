@@ -32,7 +32,7 @@ from reach.hub.flow import breakers as breaker_store
 from reach.hub.flow.breakers import Ticket
 from reach.hub.interop.a2a import PROTOCOL as PROTOCOL_A2A
 from reach.hub.interop.a2a.exchange import Peer, peer_of
-from reach.hub.interop.mcp_servers import PROTOCOL as PROTOCOL_MCP
+from reach.hub.interop.mcp.servers import PROTOCOL as PROTOCOL_MCP
 from reach.hub.ledger.tasks import (
     Publish,
     defer_attempt,

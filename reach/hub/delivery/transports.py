@@ -12,7 +12,7 @@
 * `A2ATransport` — A2A agents: a JSON-RPC ``SendMessage`` (streaming when the card says
   so) under the card's security scheme (``reach.hub.interop.a2a.exchange``);
 * `McpTransport` — MCP servers: a ``tools/call`` of the tool the method names, on the
-  ``mcp`` client (``reach.hub.interop.mcp_client``), its progress notifications recorded.
+  ``mcp`` client (``reach.hub.interop.mcp.client``), its progress notifications recorded.
 
 `AgentTransport` chooses one per attempt (`AgentTransport.exchange`) and owns what they
 share: an aiohttp session per event loop, the body cap, the hub's TLS material.
@@ -46,8 +46,8 @@ from reach.core.security.trust import identity_name, mtls_refusal
 from reach.hub.delivery.loop import LoopThread
 from reach.hub.interop.a2a import PROTOCOL as PROTOCOL_A2A
 from reach.hub.interop.a2a.exchange import Peer, envelope_of
-from reach.hub.interop.mcp_client import call_tool
-from reach.hub.interop.mcp_servers import PROTOCOL as PROTOCOL_MCP
+from reach.hub.interop.mcp.client import call_tool
+from reach.hub.interop.mcp.servers import PROTOCOL as PROTOCOL_MCP
 from reach.hub.security.networks import AddressRefusedError, GuardedResolver, literal_refusal
 from reach.hub.settings import Settings
 from reach.sdk.stream import parse_sse

@@ -169,7 +169,7 @@ class InstanceRow(Base):
     breaker_closed_at: Mapped[float | None] = mapped_column(Double, nullable=True)
     # how the worker delivers to it: ``reach`` (the SDK's POST), ``a2a`` (JSON-RPC) or
     # ``mcp`` (tools/call); the peer as the hub read it (an A2A card; an MCP server's name
-    # and tools: ``reach.hub.interop.mcp_servers``), and the secret presented under an A2A
+    # and tools: ``reach.hub.interop.mcp.servers``), and the secret presented under an A2A
     # card's scheme
     protocol: Mapped[str] = mapped_column(String(16), default="reach", server_default="reach")
     a2a: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)

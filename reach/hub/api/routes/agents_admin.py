@@ -20,11 +20,11 @@ from reach.core.security.trust import TrustLevel
 from reach.hub.api.auth import require
 from reach.hub.context import HubContext
 from reach.hub.flow import admission
-from reach.hub.interop import mcp_servers
 from reach.hub.interop.a2a import cards
 from reach.hub.interop.a2a.cards import A2aRegistration
-from reach.hub.interop.mcp_client import list_tools
-from reach.hub.interop.mcp_servers import McpRegistration
+from reach.hub.interop.mcp import servers as mcp_servers
+from reach.hub.interop.mcp.client import list_tools
+from reach.hub.interop.mcp.servers import McpRegistration
 from reach.hub.security import audit, trust
 from reach.hub.security.trust import MAX_RULE_VALUE, RuleKind
 

@@ -24,6 +24,7 @@ from reach.errors import (
     TaskConflict,
     UnknownTask,
 )
+from reach.hub import logs
 from reach.hub.api import links
 from reach.hub.api.auth import not_yours, require
 from reach.hub.api.lanes import CallerLane, caller_tokens
@@ -159,14 +160,15 @@ def task_router(ctx: HubContext, intake: Intake, waiters: Waiters | None = None)
                 return decided, str(status)  # a retry, published below once committed
             return {"task_id": task_id, "decided": decided, "status": status}
 
-        answer = ctx.write(work, conflict=TaskConflict)
-        if isinstance(answer, StaleReport):
-            raise answer
-        if isinstance(answer, tuple):
-            retry, status = answer
-            ctx.publish_attempts([retry])
-            return {"task_id": task_id, "decided": False, "status": status}
-        return answer
+        with logs.task_context(task_id, body.attempt_seq):  # the lines of this report
+            answer = ctx.write(work, conflict=TaskConflict)
+            if isinstance(answer, StaleReport):
+                raise answer
+            if isinstance(answer, tuple):
+                retry, status = answer
+                ctx.publish_attempts([retry])
+                return {"task_id": task_id, "decided": False, "status": status}
+            return answer
 
     @router.post("/{task_id}/progress", responses={404: {}, 409: {}})
     def report_progress(
@@ -190,7 +192,8 @@ def task_router(ctx: HubContext, intake: Intake, waiters: Waiters | None = None)
                 grace=ctx.delivery_policy.watchdog_grace,
             )
 
-        refused = ctx.write(work, conflict=TaskConflict)
+        with logs.task_context(task_id, body.attempt_seq):
+            refused = ctx.write(work, conflict=TaskConflict)
         if refused is not None:
             raise refused
         return {"task_id": task_id, "recorded": not body.keepalive}

@@ -1,7 +1,7 @@
 """MCP servers registered as agents, and the beat's re-reading of their tool lists.
 
 ``POST /api/v1/agents/mcp`` (``reach agents add-mcp URL``) checks the URL against the
-network rule, asks the server for its tools (``reach.hub.interop.mcp_client``) and
+network rule, asks the server for its tools (``reach.hub.interop.mcp.client``) and
 registers an agent whose capabilities are those tools (``reach.core.interop.mcp_tools``),
 with one instance reached over MCP (``instances.protocol = "mcp"``; what the hub read of
 the server is kept in the instance's interop column, ``instances.a2a``). Nothing changes
@@ -44,7 +44,7 @@ from reach.errors import (
 from reach.hub.fleet import registry
 from reach.hub.fleet.probing import ProbeOutcome, ProbeTarget
 from reach.hub.fleet.reachability import Policy
-from reach.hub.interop.mcp_client import Listing, list_tools, ping
+from reach.hub.interop.mcp.client import Listing, list_tools, ping
 from reach.hub.security.networks import judge_host
 from reach.hub.storage.models import AgentCapabilityRow, AgentRow, InstanceEventRow, InstanceRow
 from reach.wire.schemas import AgentId, Capability, RegisterRequest, Tag, WireModel
