@@ -131,8 +131,15 @@ def test_a_reach_is_a_tool_call(shared_stack: Stack, tools: McpToolServer) -> No
     progress = [e for e in shared_stack.events(steps.task_id) if e["kind"] == "progress"]
     assert [p["detail"]["message"] for p in progress] == ["step 1", "step 2", "step 3"]
     assert progress[-1]["detail"]["progress"] == 1.0 and "a2a_state" not in progress[-1]["detail"]
+    # an answer past the hub's cap (1 MiB) is refused, as an SDK agent's is, not retried
+    big = reach.send(
+        agent_id=AGENT, method="big", payload={"size": 1_100_000}, hub=shared_stack.url
+    )
+    with pytest.raises(reach.BusinessError):
+        reach.wait_for_result(big.task_id, timeout=30, hub=shared_stack.url)
+    assert "retry" not in [e["kind"] for e in shared_stack.events(big.task_id)]
     calls = tools.calls() - before
-    assert calls == {"echo": 2, "fail": 1, "steps": 1}
+    assert calls == {"echo": 2, "fail": 1, "steps": 1, "big": 1}
 
 
 def test_the_server_is_probed_scored_and_kept_alive_by_its_tool_list(
@@ -213,7 +220,7 @@ def test_a_changed_tool_list_adds_and_removes_tools(
         tools.restart("--extra", "search.web", "--without", "steps")
         _wait_mcp(tools)
         wait_until(
-            lambda: _capabilities(shared_stack) == ["echo", "slow", "fail", "search.web"],
+            lambda: _capabilities(shared_stack) == ["echo", "slow", "fail", "big", "search.web"],
             timeout=30,
             what="the re-read tool list",
         )

@@ -7,7 +7,8 @@ Tools:
 * ``echo``: ``{"text": ..., "by": "mcp-tools"}`` as structured content.
 * ``slow``: works ``seconds`` (asyncio), then answers ``{"slept": seconds}``.
 * ``steps``: reports progress ``steps`` times (``step i``, i of steps), then ``{"steps": n}``.
-* ``fail``: raises, so the call answers ``isError`` with ``no such order``.
+* ``fail``: raises, so the call answers ``isError``.
+* ``big``: answers ``{"text": "x" * size}`` (past the hub's answer cap when size is).
 * ``--extra NAME`` (repeatable): one more tool named NAME, answering ``{"tool": NAME}``.
 * ``--without NAME`` (repeatable): leave a tool out (a changed tool list on restart).
 
@@ -32,7 +33,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from tests.support import processes
 
 REPO = Path(__file__).resolve().parents[2]
-TOOLS = ("echo", "slow", "steps", "fail")
+TOOLS = ("echo", "slow", "steps", "fail", "big")
 
 
 def build(journal: Path, extra: list[str], without: list[str]) -> MCPServer:
@@ -66,7 +67,12 @@ def build(journal: Path, extra: list[str], without: list[str]) -> MCPServer:
         note("fail", {"order_id": order_id})
         raise ValueError("no such order")
 
-    for fn in (echo, slow, steps, fail):
+    async def big(size: int) -> dict[str, Any]:
+        """A large answer."""
+        note("big", {"size": size})
+        return {"text": "x" * size}
+
+    for fn in (echo, slow, steps, fail, big):
         if fn.__name__ not in without:
             server.add_tool(fn, name=fn.__name__)
     for name in extra:

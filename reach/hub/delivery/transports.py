@@ -559,7 +559,7 @@ class McpTransport:
         arguments = d.payload if isinstance(d.payload, dict) else {"data": d.payload}
         answer = await call_tool(
             d.url, d.method, arguments, self.http.network, d.connect_timeout, d.timeout,
-            on_progress,
+            on_progress, self.http.max_body_bytes,
         )  # fmt: skip
         return Exchanged(answer)
 

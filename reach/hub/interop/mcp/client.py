@@ -14,6 +14,7 @@ addresses and ports: issue 37).
 from __future__ import annotations
 
 import asyncio
+import json
 import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -37,6 +38,7 @@ from reach.hub.security.networks import AddressRefusedError, judge_host
 ProgressFn = Callable[[float | None, str], Awaitable[None]]
 """Where a call's progress notifications go: the fraction done (None: no total), the text."""
 
+MAX_RESULT_BYTES = 1_048_576  # as for an SDK agent's answer: larger results travel by reference
 MAX_TOOLS = 256  # a registration declares at most this many capabilities
 _MAX_PAGES = 16
 
@@ -86,12 +88,21 @@ def _client(rule: NetworkRule | None, connect_timeout: float, timeout: float) ->
 
 @asynccontextmanager
 async def _session(
-    url: str, rule: NetworkRule | None, connect_timeout: float, timeout: float
+    url: str,
+    rule: NetworkRule | None,
+    connect_timeout: float,
+    timeout: float,
+    max_bytes: int = MAX_RESULT_BYTES,
 ) -> AsyncIterator[tuple[ClientSession, str]]:
-    """An initialized MCP session with the server at ``url`` and the server's name."""
+    """An initialized MCP session with the server at ``url`` and the server's name. An
+    event of its stream four times past ``max_bytes`` breaks it (memory stays bounded);
+    a result past ``max_bytes`` but within that is read, then refused by `call_tool`."""
     async with (
         _client(rule, connect_timeout, timeout) as http,
-        streamable_http_client(url, http_client=http) as (read, write),
+        streamable_http_client(url, http_client=http, max_sse_event_size=4 * max_bytes) as (
+            read,
+            write,
+        ),
         ClientSession(read, write) as session,
     ):
         init = await session.initialize()
@@ -202,6 +213,7 @@ async def call_tool(
     connect_timeout: float,
     timeout: float,
     report: ProgressFn,
+    max_bytes: int = MAX_RESULT_BYTES,
 ) -> AgentAnswer:
     """One ``tools/call``, its result as an SDK agent's envelope (``AgentAnswer(200,
         ...)``); no answer at all (refused, reset, timed out, the session broke) is
@@ -215,9 +227,15 @@ async def call_tool(
 
     try:
         async with asyncio.timeout(total):
-            async with _session(url, rule, connect_timeout, timeout) as (session, _name):
+            async with _session(url, rule, connect_timeout, timeout, max_bytes) as (
+                session,
+                _name,
+            ):
                 result = await session.call_tool(tool, arguments, progress_callback=on_progress)
         body = result.model_dump(mode="json", by_alias=True, exclude_none=True)
+        if len(json.dumps(body)) > max_bytes:
+            too_large = f"answer larger than {max_bytes} bytes (send a reference)"
+            return AgentAnswer(200, None, too_large)
         return AgentAnswer(200, rules.envelope_of(body))
     except TimeoutError:
         return AgentAnswer(None, None, f"timed out: no whole answer within {total:.1f}s")
