@@ -27,7 +27,7 @@ from tests.support.stacks import Stack
 from tests.support.waiting import wait_until
 
 STACK_SETTINGS = {
-    "REACH_MCP_AGENTS__REFRESH_S": "2",
+    "REACH_MCP_AGENTS__REFRESH_S": "3",  # its heartbeat: offline after 9 s without a read
     "REACH_ROUTER__MAX_RETRY": "2",
     "REACH_ROUTER__BACKOFF_BASE": "0.2",
     "REACH_ROUTER__BACKOFF_CAP": "1",
