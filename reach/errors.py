@@ -10,7 +10,9 @@
     │   ├── RegistryLimit           past a bound on what one agent or one key may register
     │   ├── UnknownInstance         heartbeat/deregister for an instance we never saw
     │   ├── InvalidAgentCard        an A2A agent card that is not one the hub can reach
-    │   └── AgentCardUnavailable    an A2A agent card that could not be fetched
+    │   ├── AgentCardUnavailable    an A2A agent card that could not be fetched
+    │   ├── InvalidMcpServer        an MCP server whose tools the hub cannot take
+    │   └── McpServerUnavailable    an MCP server that did not answer initialize or tools/list
     ├── RoutingError
     │   ├── NoSuitableAgent         nothing matches (an intent: nothing at the threshold)
     │   ├── CircuitOpen             every matching instance's circuit breaker is open
@@ -187,6 +189,22 @@ class AgentCardUnavailable(RegistryError):
     slug = "agent-card-unavailable"
     status = 502
     title = "Agent card unavailable"
+
+
+class InvalidMcpServer(RegistryError):
+    """An MCP server lists no tool the hub can declare as a capability."""
+
+    slug = "invalid-mcp-server"
+    status = 422
+    title = "Invalid MCP server"
+
+
+class McpServerUnavailable(RegistryError):
+    """An MCP server did not answer ``initialize`` or ``tools/list`` (refused, timed out)."""
+
+    slug = "mcp-server-unavailable"
+    status = 502
+    title = "MCP server unavailable"
 
 
 class UnknownAgent(RegistryError):

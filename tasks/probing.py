@@ -13,6 +13,7 @@ from celery import shared_task
 
 from reach.hub.fleet import reachability as monitoring
 from reach.hub.fleet.probing import ProbePool, ProbeTarget, probe_once
+from reach.hub.interop.mcp import servers as mcp_servers
 from reach.worker.sweeps import skip_when_unavailable
 
 log = logging.getLogger("reach.tasks.probing")
@@ -47,9 +48,18 @@ def _probe_and_record(target: ProbeTarget) -> None:
 
     ctx = runtime()
     try:
-        outcome = probe_once(
-            target, ctx.policy.probe_timeout, ctx.clock.now, rule=ctx.policy.network
-        )
+        if target.protocol == mcp_servers.PROTOCOL:
+            outcome = mcp_servers.probe(
+                target,
+                ctx.policy.probe_timeout,
+                ctx.clock.now,
+                ctx.policy.network,
+                ctx.settings.mcp_agents.timeout_s,
+            )
+        else:
+            outcome = probe_once(
+                target, ctx.policy.probe_timeout, ctx.clock.now, rule=ctx.policy.network
+            )
         with ctx.transaction() as session:
             monitoring.record_probe(session, outcome, ctx.clock.now(), ctx.policy)
     except Exception:

@@ -1,5 +1,5 @@
 """``reach agents``: list the fleet, set trust levels, allow-lists and queue bounds;
-register A2A agents."""
+register A2A agents and MCP servers."""
 
 from __future__ import annotations
 
@@ -137,6 +137,51 @@ def agents_add_a2a(
         f"agent {answer['agent_id']} ({answer['status']}): A2A at {answer['endpoint']}, "
         f"skills {', '.join(answer['skills'])}"
     )
+
+
+@agents_app.command("add-mcp")
+def agents_add_mcp(
+    url: Annotated[str, typer.Argument(help="The MCP server's Streamable HTTP URL (…/mcp)")],
+    agent_id: Annotated[
+        str | None,
+        typer.Option("--agent-id", "--name", help="Register as this ID (default: its name)"),
+    ] = None,
+    tags: Annotated[
+        list[str] | None, typer.Option("--tag", "--tags", help="A tag for the agent (repeat)")
+    ] = None,
+    allow_loopback: Annotated[
+        bool, typer.Option("--allow-loopback", help="Accept a loopback server (local development)")
+    ] = False,
+    max_concurrency: Annotated[int, typer.Option(min=1, help="Tool calls at once")] = 8,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
+    hub: HubOption = None,
+    api_key: ApiKeyOption = None,
+) -> None:
+    """Register an MCP server as an agent: its tools become its capabilities and
+    `reach send TOOL --agent ID` calls one (admin key; audited)."""
+    from reach.sdk.hub_client import HubClient
+
+    body: dict[str, Any] = {
+        "url": url,
+        "tags": tags or [],
+        "allow_loopback": allow_loopback,
+        "max_concurrency": max_concurrency,
+    }
+    if agent_id:
+        body["agent_id"] = agent_id
+    try:
+        answer = HubClient(hub, api_key=api_key).post("/api/v1/agents/mcp", body)
+    except ReachError as exc:
+        _fail(exc)
+    if as_json:
+        print(json.dumps(answer, indent=2))
+        return
+    console.print(
+        f"agent {answer['agent_id']} ({answer['status']}): MCP at {answer['url']}, "
+        f"tools {', '.join(answer['tools'])}"
+    )
+    for name, why in (answer.get("skipped") or {}).items():
+        err_console.print(f"[yellow]tool {name} left out: {why}[/yellow]")
 
 
 @agents_app.command("queue")

@@ -682,6 +682,21 @@ class A2aSettings(_Section):
     )
 
 
+class McpAgentSettings(_Section):
+    """MCP servers as agents (``reach.hub.interop.mcp.client``): registered with
+    ``reach agents add-mcp URL``, their tools are capabilities, reached with ``tools/call``."""
+
+    refresh_s: Seconds = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="every MCP server's tool list is read again this often (its heartbeat)",
+    )
+    timeout_s: Seconds = Field(
+        5.0, gt=0, le=120, description="initialize and tools/list (and a probe) must answer within"
+    )
+
+
 class AlertSettings(_Section):
     """The alert webhook (``reach.hub.ops.alert_webhook``): each new alert of a kind not
     muted is POSTed, signed by the hub, at least once, in the order it was recorded."""
@@ -757,6 +772,7 @@ class Settings(BaseSettings):
     callbacks: CallbackSettings = CallbackSettings()
     exchanges: ExchangeSettings = ExchangeSettings()
     a2a: A2aSettings = A2aSettings()
+    mcp_agents: McpAgentSettings = McpAgentSettings()
     alerts: AlertSettings = AlertSettings()
     logging: LoggingSettings = LoggingSettings()
 

@@ -31,6 +31,7 @@ TASK_MODULES = [
     "reach.tasks.webhooks",
     "reach.tasks.callbacks",
     "reach.tasks.a2a",
+    "reach.tasks.mcp",
 ]
 QUEUES = WORKER_QUEUES  # probe, online, background: the order workers prefer them in
 BEAT_SCHEDULER = "reach.worker.beat_lock:LeasedScheduler"  # one active beat (a lease)

@@ -62,6 +62,12 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
             "schedule": settings.a2a.card_refresh_s,
             "options": {"expires": settings.a2a.card_refresh_s, "queue": PROBE_QUEUE},
         },
+        # every MCP server's tool list read again: its heartbeat, and any change of its tools
+        "reach.mcp-tools": {
+            "task": "reach.mcp_tools",
+            "schedule": settings.mcp_agents.refresh_s,
+            "options": {"expires": settings.mcp_agents.refresh_s, "queue": PROBE_QUEUE},
+        },
         # A2A tasks still working after their attempt: GetTask until they end
         "reach.a2a-follow": {
             "task": "reach.a2a_follow",

@@ -27,7 +27,13 @@ from schemathesis.generation.modes import GenerationMode
 from schemathesis.generation.stateful.state_machine import APIStateMachine
 from sqlalchemy import Engine
 
-from reach.errors import AgentCardUnavailable, LoopDetected, ReachError, SemanticMatchingOff
+from reach.errors import (
+    AgentCardUnavailable,
+    LoopDetected,
+    McpServerUnavailable,
+    ReachError,
+    SemanticMatchingOff,
+)
 from reach.hub.api import create_app
 from reach.hub.clock import ManualClock
 from reach.hub.settings import load_settings
@@ -80,6 +86,7 @@ def app(store_url: str, engine: Engine, tmp_path: Path) -> Iterator[FastAPI]:
 
 
 CLOSED_CARD_URL = "http://127.0.0.1:9"  # the discard port: refused at once
+CLOSED_MCP_URL = CLOSED_CARD_URL + "/mcp"
 
 
 def _steered(path: str, body: dict[str, Any]) -> dict[str, Any] | None:
@@ -116,6 +123,8 @@ def _install_hooks(schema: Any) -> None:
             # never a generated card URL: the hub would fetch it (traffic off this machine);
             # a loopback port where nothing listens, every other field generated
             return st.just({**body, "card_url": CLOSED_CARD_URL})
+        if operation.path == "/api/v1/agents/mcp":  # never a generated server URL either
+            return st.just({**body, "url": CLOSED_MCP_URL})
         aimed = _steered(operation.path, body)
         return st.just(body) if aimed is None else st.sampled_from([body, aimed])
 
@@ -136,21 +145,19 @@ def _schema(app: FastAPI) -> Any:
 
 # 5xx answers that are the hub's stated refusals, by design, not faults: 508 is how a
 # dependency loop (or a chain past ``router.max_hops``) is refused; 501 how an intent is
-# refused by a hub without the semantic extra (this venv); 502 an A2A card that cannot be
-# read
-STATED: dict[int, type[ReachError]] = {
-    508: LoopDetected,
-    501: SemanticMatchingOff,
-    502: AgentCardUnavailable,
+# refused by a hub without the semantic extra (this venv); 502 an A2A card or an MCP
+# server that cannot be read
+STATED: dict[int, tuple[type[ReachError], ...]] = {
+    508: (LoopDetected,),
+    501: (SemanticMatchingOff,),
+    502: (AgentCardUnavailable, McpServerUnavailable),
 }
 
 
 def _stated_refusal(response: Any) -> bool:
-    stated = STATED.get(response.status_code)
-    if stated is None:
-        return False
+    stated = STATED.get(response.status_code, ())
     try:
-        return bool(response.json().get("type") == stated.problem_type())
+        return response.json().get("type") in {s.problem_type() for s in stated}
     except ValueError:
         return False
 
@@ -197,11 +204,11 @@ def test_linked_sequences_never_answer_5xx(app: FastAPI) -> None:
     # above, here they would only dilute the walk through the linked resources. A progress
     # stream lasts as long as its task: fuzzed one by one above, never walked into here;
     # nor are the sessions, queue bounds, link views, approvals, semantic matches and A2A
-    # registrations (its only answers are refusals here: no card is served), which link
-    # nowhere.
+    # and MCP registrations (their only answers are refusals here: no card, no server),
+    # which link nowhere.
     schema = _schema(app).exclude(
         path_regex=r"/(allow|trust|audit|stream|max-queue|links)$|^/v1/sessions/"
-        r"|^/api/v1/approvals|^/v1/match|^/api/v1/agents/a2a$"
+        r"|^/api/v1/approvals|^/v1/match|^/api/v1/agents/(a2a|mcp)$"
     )
     base: type[APIStateMachine] = schema.as_state_machine()
     followed: Counter[str] = Counter()

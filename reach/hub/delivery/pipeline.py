@@ -44,6 +44,7 @@ from reach.hub.flow.shared_counts import SharedCounts
 from reach.hub.gates import sessions as user_sessions
 from reach.hub.interop.a2a import PROTOCOL as PROTOCOL_A2A
 from reach.hub.interop.a2a import exchange as a2a_exchange
+from reach.hub.interop.mcp.servers import PROTOCOL as PROTOCOL_MCP
 from reach.hub.ledger.tasks import Publish, fail_transient, load_for_update, succeed
 from reach.hub.security.signing import Signer
 from reach.hub.storage.outage import database_outage
@@ -132,9 +133,9 @@ class Pipeline:
         """The exchange's headers: the attempt, and a hub-signed reach token bound to the
         caller, the agent, the task, the attempt, the method and the body's exact bytes
         (the body leaves encoded). An A2A agent is reached under its card's own scheme:
-        it gets no reach token."""
+        it gets no reach token, nor does an MCP server (``tools/call`` carries none)."""
         headers = {"X-Reach-Task-Id": d.task_id, "X-Reach-Attempt": str(d.attempt_seq)}
-        if self.dpolicy.sign_deliveries and d.protocol != PROTOCOL_A2A:
+        if self.dpolicy.sign_deliveries and d.protocol not in (PROTOCOL_A2A, PROTOCOL_MCP):
             dp = self.dpolicy
             signer = self.signer or Signer(
                 self.db, issuer=dp.issuer, ttl_s=dp.token_ttl_s, seal=dp.seal

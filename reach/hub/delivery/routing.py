@@ -32,6 +32,7 @@ from reach.hub.flow import breakers as breaker_store
 from reach.hub.flow.breakers import Ticket
 from reach.hub.interop.a2a import PROTOCOL as PROTOCOL_A2A
 from reach.hub.interop.a2a.exchange import Peer, peer_of
+from reach.hub.interop.mcp.servers import PROTOCOL as PROTOCOL_MCP
 from reach.hub.ledger.tasks import (
     Publish,
     defer_attempt,
@@ -62,7 +63,9 @@ class Dispatch:
     session_id: str | None = None
     trust_level: str = "L2"  # L1: reached over mutual TLS only (``MtlsTransport``)
     caller: str | None = None  # the task's caller identity: the reach token's ``sub``
-    protocol: str = "reach"  # a2a: the attempt is an A2A SendMessage (``A2ATransport``)
+    # a2a: the attempt is an A2A SendMessage (``A2ATransport``); mcp: a tools/call
+    # (``McpTransport``) at ``url``, the server's MCP endpoint
+    protocol: str = "reach"
     peer: Peer | None = None  # an A2A instance's card: its RPC URL and security scheme
     headers: dict[str, str] = field(default_factory=dict)
     max_concurrency: int = 0  # the instance's declared slots (0: it declares none)
@@ -178,7 +181,11 @@ def route(
         task.task_id,
         task.attempt_seq,
         task.lease_token,
-        f"{chosen.endpoint}/tasks/{task.method}",
+        (
+            chosen.endpoint
+            if chosen.protocol == PROTOCOL_MCP
+            else f"{chosen.endpoint}/tasks/{task.method}"
+        ),
         body,
         chosen.instance_id,
         chosen.agent_id,

@@ -10,7 +10,9 @@
 * `ChannelTransport` — agents behind NAT: the same POST, to the API replica that holds
   the agent's WebSocket (``reach.hub.interop.channel``), which forwards it as a frame;
 * `A2ATransport` — A2A agents: a JSON-RPC ``SendMessage`` (streaming when the card says
-  so) under the card's security scheme (``reach.hub.interop.a2a.exchange``).
+  so) under the card's security scheme (``reach.hub.interop.a2a.exchange``);
+* `McpTransport` — MCP servers: a ``tools/call`` of the tool the method names, on the
+  ``mcp`` client (``reach.hub.interop.mcp.client``), its progress notifications recorded.
 
 `AgentTransport` chooses one per attempt (`AgentTransport.exchange`) and owns what they
 share: an aiohttp session per event loop, the body cap, the hub's TLS material.
@@ -44,6 +46,8 @@ from reach.core.security.trust import identity_name, mtls_refusal
 from reach.hub.delivery.loop import LoopThread
 from reach.hub.interop.a2a import PROTOCOL as PROTOCOL_A2A
 from reach.hub.interop.a2a.exchange import Peer, envelope_of
+from reach.hub.interop.mcp.client import call_tool
+from reach.hub.interop.mcp.servers import PROTOCOL as PROTOCOL_MCP
 from reach.hub.security.networks import AddressRefusedError, GuardedResolver, literal_refusal
 from reach.hub.settings import Settings
 from reach.sdk.stream import parse_sse
@@ -535,6 +539,31 @@ class A2ATransport:
         return Exchanged(envelope_of(answer, verdict), verdict)
 
 
+class McpTransport:
+    """MCP servers: ``tools/call`` of the tool named by the method, the payload as its
+    arguments, at the instance's endpoint (the server's MCP URL). The result is the
+    envelope an SDK agent would have sent; no answer is transient, retried as for any
+    agent. Each progress notification goes to ``progress``. No reach token: an MCP server
+    has no key to verify one with (the same as an A2A agent)."""
+
+    def __init__(self, http: AgentHttp) -> None:
+        self.http = http
+
+    async def exchange(self, d: Dispatch, progress: ProgressSink) -> Exchanged:
+        in_order = asyncio.Lock()  # FIFO: notifications are recorded in the order they came
+
+        async def on_progress(fraction: float | None, message: str) -> None:
+            async with in_order:
+                await progress(a2a_rules.Progress(message, None, "", fraction))
+
+        arguments = d.payload if isinstance(d.payload, dict) else {"data": d.payload}
+        answer = await call_tool(
+            d.url, d.method, arguments, self.http.network, d.connect_timeout, d.timeout,
+            on_progress, self.http.max_body_bytes,
+        )  # fmt: skip
+        return Exchanged(answer)
+
+
 async def _no_progress(update: a2a_rules.Progress) -> None:
     return None
 
@@ -562,12 +591,15 @@ class AgentTransport:
         self._channel = ChannelTransport(self.http)
         self._mtls = MtlsTransport(self.http)
         self._a2a = A2ATransport(self.http)
+        self._mcp = McpTransport(self.http)
 
     def transport_for(self, d: Dispatch) -> Transport:
-        """The instance's wire: A2A by its protocol, mTLS by its trust level (L1), the
-        channel by its endpoint, plain HTTP otherwise."""
+        """The instance's wire: A2A or MCP by its protocol, mTLS by its trust level (L1),
+        the channel by its endpoint, plain HTTP otherwise."""
         if d.protocol == PROTOCOL_A2A:
             return self._a2a
+        if d.protocol == PROTOCOL_MCP:
+            return self._mcp
         if d.trust_level == "L1":
             return self._mtls
         if INTERNAL_PATH in d.url:

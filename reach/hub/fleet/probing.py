@@ -1,7 +1,8 @@
 """Active probes: the hub's own view of whether an instance's door answers.
 
 A probe opens a TCP connection to the instance's reachable address, sends a minimal
-``GET /healthz`` (to an A2A instance: a ``GET`` of its agent card) and waits for the
+``GET /healthz`` (to an A2A instance: a ``GET`` of its agent card; an MCP server gets an
+MCP ``ping`` instead, ``reach.hub.interop.mcp.servers.probe``) and waits for the
 first byte of an HTTP status line. Any status line counts as an answer: the point is
 that the process is accepting and reading, which a bare TCP handshake cannot show (the
 kernel completes it even for a frozen process). The round trip is measured from the start
@@ -32,6 +33,7 @@ class ProbeTarget:
     instance_id: str
     url: str
     path: str = "/healthz"  # an A2A instance is asked for its card instead
+    protocol: str = "reach"  # mcp: an MCP ping, not an HTTP GET (``mcp.servers.probe``)
 
 
 @dataclass(frozen=True, slots=True)

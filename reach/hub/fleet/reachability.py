@@ -182,7 +182,10 @@ def claim_due_probes(session: Session, now: float, policy: Policy) -> tuple[list
 
 
 def _target(row: InstanceRow) -> ProbeTarget:
-    """What a probe asks: ``/healthz`` of an SDK agent, the card of an A2A agent."""
+    """What a probe asks: ``/healthz`` of an SDK agent, the card of an A2A agent, a ping
+    of an MCP server."""
+    if row.protocol == "mcp":
+        return ProbeTarget(row.instance_id, row.endpoint, protocol="mcp")
     card = (row.a2a or {}).get("card_url") if row.protocol == "a2a" else None
     if card:
         parts = urlsplit(str(card))

@@ -775,6 +775,7 @@ def instance_view(row: InstanceRow, now: float, policy: Policy) -> dict[str, Any
         "breaker_open_until": _iso(row.breaker_open_until),
         "protocol": row.protocol or "reach",
         **({"a2a": _a2a_view(row.a2a)} if row.protocol == "a2a" and row.a2a else {}),
+        **({"mcp": _mcp_view(row.a2a)} if row.protocol == "mcp" and row.a2a else {}),
     }
 
 
@@ -787,6 +788,14 @@ def _a2a_view(a2a: dict[str, Any]) -> dict[str, Any]:
     shown = {k: a2a[k] for k in _A2A_SHOWN if k in a2a}
     shown["security"] = (a2a.get("scheme") or {}).get("kind", "none")
     return shown
+
+
+_MCP_SHOWN = ("url", "name", "tools", "skipped", "held", "read_at", "read_error")
+
+
+def _mcp_view(read: dict[str, Any]) -> dict[str, Any]:
+    """What the fleet shows of an MCP server, as the hub last read it."""
+    return {k: read[k] for k in _MCP_SHOWN if k in read}
 
 
 class _Beating(Protocol):

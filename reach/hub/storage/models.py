@@ -167,8 +167,10 @@ class InstanceRow(Base):
     breaker_opened_at: Mapped[float | None] = mapped_column(Double, nullable=True)
     # when a successful trial closed it: the instance's share ramps up from there
     breaker_closed_at: Mapped[float | None] = mapped_column(Double, nullable=True)
-    # how the worker delivers to it: ``reach`` (the SDK's POST) or ``a2a`` (JSON-RPC), the
-    # A2A card as the hub read it, and the secret presented under the card's scheme
+    # how the worker delivers to it: ``reach`` (the SDK's POST), ``a2a`` (JSON-RPC) or
+    # ``mcp`` (tools/call); the peer as the hub read it (an A2A card; an MCP server's name
+    # and tools: ``reach.hub.interop.mcp.servers``), and the secret presented under an A2A
+    # card's scheme
     protocol: Mapped[str] = mapped_column(String(16), default="reach", server_default="reach")
     a2a: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     a2a_credential: Mapped[str | None] = mapped_column(Text, nullable=True)

@@ -151,6 +151,20 @@ export class AgentCardUnavailable extends RegistryError {
   static override readonly title: string = "Agent card unavailable";
 }
 
+/** An MCP server lists no tool the hub can declare as a capability. */
+export class InvalidMcpServer extends RegistryError {
+  static override readonly slug: string = "invalid-mcp-server";
+  static override readonly defaultStatus: number = 422;
+  static override readonly title: string = "Invalid MCP server";
+}
+
+/** An MCP server did not answer initialize or tools/list (refused, timed out, not MCP). */
+export class McpServerUnavailable extends RegistryError {
+  static override readonly slug: string = "mcp-server-unavailable";
+  static override readonly defaultStatus: number = 502;
+  static override readonly title: string = "MCP server unavailable";
+}
+
 /** No agent with this ID is registered. */
 export class UnknownAgent extends RegistryError {
   static override readonly slug: string = "unknown-agent";
@@ -522,6 +536,8 @@ export const ERROR_CLASSES: readonly (typeof ReachError)[] = [
   UnknownInstance,
   InvalidAgentCard,
   AgentCardUnavailable,
+  InvalidMcpServer,
+  McpServerUnavailable,
   UnknownAgent,
   RoutingError,
   NoSuitableAgent,

@@ -1,4 +1,5 @@
-"""Admin endpoints on agents: the trust level, the L3 allow-list and the queue bound.
+"""Admin endpoints on agents: the trust level, the L3 allow-list and the queue bound; A2A
+agents and MCP servers registered by an admin.
 
 An agent never declares its own trust: these are the only ways to set it, each change
 audited with the admin's identity and the old and new values (`reach.hub.security.trust`).
@@ -21,6 +22,9 @@ from reach.hub.context import HubContext
 from reach.hub.flow import admission
 from reach.hub.interop.a2a import cards
 from reach.hub.interop.a2a.cards import A2aRegistration
+from reach.hub.interop.mcp import servers as mcp_servers
+from reach.hub.interop.mcp.client import list_tools
+from reach.hub.interop.mcp.servers import McpRegistration
 from reach.hub.security import audit, trust
 from reach.hub.security.trust import MAX_RULE_VALUE, RuleKind
 
@@ -114,6 +118,43 @@ def agents_admin_router(ctx: HubContext, network: NetworkRule) -> APIRouter:
                 now=now,
                 target=f"agent:{view['agent_id']}",
                 detail={"card_url": fetched.url, "skills": view["skills"]},
+            )
+            return view
+
+        return await run_in_threadpool(ctx.write, work)
+
+    @router.post("/mcp", status_code=201, responses={409: {}, 422: {}, 502: {}})
+    async def add_mcp(body: McpRegistration, principal: Administers) -> dict[str, Any]:
+        """Register an MCP server (its Streamable HTTP URL) as an agent: its tools become
+        its capabilities, reached with ``tools/call``; the hub reads the tool list again
+        every ``mcp_agents.refresh_s`` (audited)."""
+        mcp = ctx.settings.mcp_agents
+        url = await run_in_threadpool(mcp_servers.check_url, body.url, body.allow_loopback, network)
+        listing = await list_tools(url, network, mcp.timeout_s)
+
+        def work(session: Session) -> dict[str, Any]:
+            now = ctx.clock.now()
+            view = mcp_servers.register_server(
+                session,
+                url,
+                listing,
+                agent_id=body.agent_id,
+                tags=body.tags,
+                allow_loopback=body.allow_loopback,
+                max_concurrency=body.max_concurrency,
+                now=now,
+                policy=ctx.policy,
+                refresh_s=mcp.refresh_s,
+                network=network,
+            ).view
+            audit.record(
+                session,
+                actor=principal.identity,
+                action="register_mcp",
+                outcome=audit.ALLOWED,
+                now=now,
+                target=f"agent:{view['agent_id']}",
+                detail={"url": url, "tools": view["tools"]},
             )
             return view
 

@@ -132,7 +132,9 @@ def record_progress(
 
 
 def _progress_detail(progress: rules.Progress) -> dict[str, Any]:
-    detail: dict[str, Any] = {"message": progress.message, "a2a_state": progress.state}
+    detail: dict[str, Any] = {"message": progress.message}
+    if progress.state:  # an A2A stream's task state (an MCP progress notification has none)
+        detail["a2a_state"] = progress.state
     if progress.progress is not None:
         detail["progress"] = progress.progress
     if progress.data is not None:

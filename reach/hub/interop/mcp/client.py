@@ -1,0 +1,254 @@
+"""The hub as an MCP client, on the ``mcp`` package's own client over Streamable HTTP:
+``initialize`` then ``tools/list`` (registration and the beat's re-read), ``ping`` (probes)
+and ``tools/call`` (delivery, on the exchanger's event loop: no worker slot waits on it).
+
+Every connection is judged by the hub's network rule as it is made (`_GuardedBackend`: the
+name is resolved, every address judged, and the first judged address is the one
+connected, so DNS cannot answer differently between the check and the connection), as
+aiohttp's `GuardedResolver` does for the other wires. Redirects are the ``mcp`` client's:
+same origin only. Foreign exceptions stop here: callers get an `AgentAnswer` or
+`McpServerUnavailable`, described by kind, never by the exception's text (it names
+addresses and ports: issue 37).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpcore2
+import httpx2
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp_types import PaginatedRequestParams
+
+from reach.core.delivery.answers import AgentAnswer
+from reach.core.interop import mcp_tools as rules
+from reach.core.security.networks import NetworkRule
+from reach.errors import McpServerUnavailable
+from reach.hub.security.networks import AddressRefusedError, judge_host
+
+ProgressFn = Callable[[float | None, str], Awaitable[None]]
+"""Where a call's progress notifications go: the fraction done (None: no total), the text."""
+
+MAX_RESULT_BYTES = 1_048_576  # as for an SDK agent's answer: larger results travel by reference
+MAX_TOOLS = 256  # a registration declares at most this many capabilities
+_MAX_PAGES = 16
+
+
+class _GuardedBackend(httpcore2.AsyncNetworkBackend):
+    """httpcore's network backend, every TCP connection judged by ``rule`` first."""
+
+    def __init__(self, rule: NetworkRule) -> None:
+        self.rule = rule
+        self._inner = httpcore2.AnyIOBackend()
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore2.AsyncNetworkStream:
+        addresses, why = await asyncio.to_thread(judge_host, host, port, self.rule)
+        if why is not None:
+            raise AddressRefusedError(f"address refused: {why}")
+        return await self._inner.connect_tcp(
+            addresses[0], port, timeout, local_address, socket_options
+        )
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+
+def _client(rule: NetworkRule | None, connect_timeout: float, timeout: float) -> httpx2.AsyncClient:
+    """An HTTP client for one MCP session: no proxies from the environment, the MCP
+    client's redirect rule, connections judged by ``rule`` (None: any address)."""
+    transport = httpx2.AsyncHTTPTransport(trust_env=False)
+    if rule is not None:
+        # the pool is the transport's own, built again with the guarded backend: the
+        # transport keeps mapping httpx's requests and errors onto it
+        transport._pool = httpcore2.AsyncConnectionPool(
+            ssl_context=ssl.create_default_context(), network_backend=_GuardedBackend(rule)
+        )
+    return httpx2.AsyncClient(
+        transport=transport,
+        trust_env=False,
+        timeout=httpx2.Timeout(connect_timeout, read=timeout + connect_timeout),
+    )
+
+
+@asynccontextmanager
+async def _session(
+    url: str,
+    rule: NetworkRule | None,
+    connect_timeout: float,
+    timeout: float,
+    max_bytes: int = MAX_RESULT_BYTES,
+) -> AsyncIterator[tuple[ClientSession, str]]:
+    """An initialized MCP session with the server at ``url`` and the server's name. An
+    event of its stream four times past ``max_bytes`` breaks it (memory stays bounded);
+    a result past ``max_bytes`` but within that is read, then refused by `call_tool`."""
+    async with (
+        _client(rule, connect_timeout, timeout) as http,
+        streamable_http_client(url, http_client=http, max_sse_event_size=4 * max_bytes) as (
+            read,
+            write,
+        ),
+        ClientSession(read, write) as session,
+    ):
+        init = await session.initialize()
+        yield session, init.server_info.name
+
+
+def described(exc: BaseException) -> str:
+    """Why an MCP exchange got no answer, by kind (``timed out`` for a timeout, which
+    `AgentAnswer.error_kind` reads): never the exception's text, but for the network rule's
+    own refusal."""
+    chain = _chain(exc)
+
+    def has(*kinds: type[BaseException]) -> bool:
+        return any(isinstance(e, kinds) for e in chain)
+
+    refused = next((e for e in chain if isinstance(e, AddressRefusedError)), None)
+    if refused is not None:
+        return str(refused)
+    if has(TimeoutError, httpx2.TimeoutException):
+        return "timed out: the MCP server did not answer in time"
+    if has(ConnectionRefusedError, httpx2.ConnectError):
+        return "unreachable: no connection to the MCP server"
+    if has(httpx2.RemoteProtocolError, httpx2.ReadError, ConnectionResetError):
+        return "unreachable: the connection was closed before the answer"
+    if has(httpx2.HTTPStatusError):
+        status = next(e for e in chain if isinstance(e, httpx2.HTTPStatusError)).response
+        return f"unreachable: the MCP server answered HTTP {status.status_code}"
+    mcp_error = next((e for e in chain if isinstance(e, MCPError)), None)
+    if mcp_error is not None:
+        return f"unreachable: the MCP session failed ({mcp_error.code})"
+    return f"unreachable: {type(exc).__name__}"
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and what is under it: exception groups' members, causes, contexts."""
+    seen: set[int] = set()
+    found: list[BaseException] = []
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        item = todo.pop()
+        if item is None or id(item) in seen:
+            continue
+        seen.add(id(item))
+        found.append(item)
+        if isinstance(item, BaseExceptionGroup):
+            todo.extend(item.exceptions)
+        todo.extend((item.__cause__, item.__context__))
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """What the server said of itself: its name and its tools (as JSON, by the wire's names)."""
+
+    name: str
+    tools: list[dict[str, Any]]
+
+
+async def list_tools(url: str, rule: NetworkRule | None, timeout: float) -> Listing:
+    """``initialize`` and every page of ``tools/list``; `McpServerUnavailable` if the
+    server does not answer them within ``timeout`` seconds."""
+    try:
+        async with asyncio.timeout(timeout):
+            async with _session(url, rule, timeout, timeout) as (session, name):
+                tools: list[dict[str, Any]] = []
+                cursor: str | None = None
+                for _ in range(_MAX_PAGES):
+                    page = await session.list_tools(
+                        params=None if cursor is None else PaginatedRequestParams(cursor=cursor)
+                    )
+                    tools += [
+                        t.model_dump(mode="json", by_alias=True, exclude_none=True)
+                        for t in page.tools
+                    ]
+                    cursor = page.next_cursor
+                    if not cursor or len(tools) >= MAX_TOOLS:
+                        break
+                return Listing(name, tools[:MAX_TOOLS])
+    except Exception as exc:
+        raise McpServerUnavailable(
+            f"the MCP server at {url} did not list its tools: {described(exc)}", url=url
+        ) from None
+
+
+async def ping(
+    url: str, rule: NetworkRule | None, timeout: float, handshake: float
+) -> tuple[float | None, str | None]:
+    """``initialize`` (within ``handshake`` seconds: several exchanges, a new connection)
+    then ``ping`` (within ``timeout``): the ping's round trip in milliseconds, or None and
+    why there was none. Only the ping is the measurement."""
+    try:
+        async with asyncio.timeout(handshake + timeout):
+            async with _session(url, rule, handshake, handshake) as (session, _name):
+                started = time.perf_counter()
+                async with asyncio.timeout(timeout):
+                    await session.send_ping()
+                rtt_ms = (time.perf_counter() - started) * 1000
+        return rtt_ms, None
+    except Exception as exc:
+        return None, described(exc)
+
+
+async def call_tool(
+    url: str,
+    tool: str,
+    arguments: dict[str, Any],
+    rule: NetworkRule | None,
+    connect_timeout: float,
+    timeout: float,
+    report: ProgressFn,
+    max_bytes: int = MAX_RESULT_BYTES,
+) -> AgentAnswer:
+    """One ``tools/call``, its result as an SDK agent's envelope (``AgentAnswer(200,
+        ...)``); no answer at all (refused, reset, timed out, the session broke) is
+        ``AgentAnswer(None, None, why)``: transient, retried as for any agent. Each progress
+    notification goes to ``report``. One deadline of
+        ``connect + timeout`` seconds covers the session and the call."""
+    total = connect_timeout + timeout
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        await report(rules.progress_fraction(progress, total), message or "")
+
+    try:
+        async with asyncio.timeout(total):
+            async with _session(url, rule, connect_timeout, timeout, max_bytes) as (
+                session,
+                _name,
+            ):
+                result = await session.call_tool(tool, arguments, progress_callback=on_progress)
+        body = result.model_dump(mode="json", by_alias=True, exclude_none=True)
+        if len(json.dumps(body)) > max_bytes:
+            too_large = f"answer larger than {max_bytes} bytes (send a reference)"
+            return AgentAnswer(200, None, too_large)
+        return AgentAnswer(200, rules.envelope_of(body))
+    except TimeoutError:
+        return AgentAnswer(None, None, f"timed out: no whole answer within {total:.1f}s")
+    except Exception as exc:
+        refused = next((e for e in _chain(exc) if isinstance(e, MCPError)), None)
+        if refused is not None and not _transport_failed(exc):
+            envelope = rules.rpc_error_envelope(refused.code, refused.message)
+            if envelope is not None:
+                return AgentAnswer(200, envelope)
+        return AgentAnswer(None, None, described(exc))
+
+
+def _transport_failed(exc: BaseException) -> bool:
+    """True if the chain holds a network failure: the JSON-RPC error it also holds is the
+    client's own report of a broken connection, not the server's answer."""
+    return any(isinstance(e, httpx2.TransportError | OSError) for e in _chain(exc))
