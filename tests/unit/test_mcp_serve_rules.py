@@ -1,4 +1,4 @@
-"""The hub as an MCP server, its pure decisions (``reach.core.interop.mcp``): tool names,
+"""The hub as an MCP server, its pure decisions (``reach.core.interop.mcp.serving``): tool names,
 input schemas, one tool per capability, call options, submissions, progress steps and
 a task's end as a tool result."""
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from reach.core.interop import mcp as rules
-from reach.core.interop.mcp import Scope, Tool, ToolResult
+from reach.core.interop.mcp import serving as rules
+from reach.core.interop.mcp.serving import Scope, Tool, ToolResult
 from reach.errors import PROBLEM_TYPE_PREFIX, InvalidPayload, NoSuitableAgent
 
 P = PROBLEM_TYPE_PREFIX

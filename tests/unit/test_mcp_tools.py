@@ -1,5 +1,5 @@
 """An MCP server's tools as capabilities, a tool's result as an envelope, and what a
-re-read tool list may change (``reach.core.interop.mcp_tools``)."""
+re-read tool list may change (``reach.core.interop.mcp.servers``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from reach.core.delivery.retry import Outcome, classify
-from reach.core.interop import mcp_tools as mcp
+from reach.core.interop.mcp import servers as mcp
 
 SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
 

@@ -10,7 +10,7 @@ key or a bad one is a 401 problem (`reach.hub.api.auth.AuthMiddleware`); a key t
 not submit tasks is a 403 ``forbidden`` (logged and audited); a bad scope is a 422
 ``invalid-query``, one naming an agent, tag or capability the hub does not know a 404.
 On an open hub bound to loopback (the demo), a ``Host`` or ``Origin`` that is not a
-loopback name is a 403 ``forbidden`` (``reach.core.interop.mcp.rebinding_refusal``): a web
+loopback name is a 403 ``forbidden`` (``reach.core.interop.mcp.serving.rebinding_refusal``): a web
 page's script cannot reach the tools through a name that resolves to 127.0.0.1. Left out
 of the OpenAPI document: MCP is described by its own specification.
 """
@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.types import Receive, Send
 from starlette.types import Scope as AsgiScope
 
-from reach.core.interop.mcp import Scope, rebinding_refusal
+from reach.core.interop.mcp.serving import Scope, rebinding_refusal
 from reach.core.security.auth import Action
 from reach.errors import Forbidden, HubUnavailable, ReachError
 from reach.hub.api.auth import require

@@ -1,5 +1,5 @@
 """The Model Context Protocol, both ways. The hub as an MCP server
-(``reach.core.interop.mcp`` holds the decisions: tool names and schemas, results, progress):
+(``reach.core.interop.mcp.serving`` holds the decisions: tool names and schemas, results, progress):
 
 * ``tools``: the tools of a scope, read from the registry (one per capability type of
   the agents in scope that have a live instance).
@@ -8,7 +8,7 @@
   caller's key, and the Streamable HTTP session manager that serves it (stateless: any
   API replica answers any request). ``reach.hub.api.routes.mcp`` mounts it at ``/mcp``.
 
-And MCP servers as agents (``reach.core.interop.mcp_tools`` holds those decisions: tools
+And MCP servers as agents (``reach.core.interop.mcp.servers`` holds those decisions: tools
 as capabilities, results as envelopes, what a re-read list may change):
 
 * ``client``: the hub as an MCP client (``initialize``, ``tools/list``, ``ping``,

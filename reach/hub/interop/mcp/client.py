@@ -30,7 +30,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import PaginatedRequestParams
 
 from reach.core.delivery.answers import AgentAnswer
-from reach.core.interop import mcp_tools as rules
+from reach.core.interop.mcp import servers as rules
 from reach.core.security.networks import NetworkRule
 from reach.errors import McpServerUnavailable
 from reach.hub.security.networks import AddressRefusedError, judge_host

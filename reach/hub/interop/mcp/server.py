@@ -10,14 +10,14 @@ its scope before the SDK sees it; it leaves the principal and the `Scope` on the
 state, where the handlers read them. A call:
 
 1. maps its arguments to a ``POST /v1/tasks`` body routed by capability within the scope
-   (``reach.core.interop.mcp.submission``) and submits it through the API's own `Intake`
+   (``reach.core.interop.mcp.serving.submission``) and submits it through the API's own `Intake`
    under the caller's identity: validation against ``params_schema``, admission, loop
    and session checks, the approval gate; a refusal is a tool error with its problem type;
 2. a gated capability answers at once: "awaiting approval", with the approval's id;
 3. otherwise it waits for the task's end up to the task's timeout: by the long-poll's
    wake-ups, or, when the client sent a ``progressToken``, by the task's progress stream,
    whose reports become ``notifications/progress``. The end (or the wait running out) is
-   the tool's result (``reach.core.interop.mcp.outcome_of``).
+   the tool's result (``reach.core.interop.mcp.serving.outcome_of``).
 
 A client that cancels or drops a call leaves its task running (it is the hub's, with its
 retries and dead letters): ``GET /v1/tasks/{id}`` reads it later.
@@ -42,8 +42,8 @@ from starlette.types import Receive, Send
 from starlette.types import Scope as AsgiScope
 
 from reach.core.flow.priority import queue_for
-from reach.core.interop import mcp as rules
-from reach.core.interop.mcp import Scope, Tool
+from reach.core.interop.mcp import serving as rules
+from reach.core.interop.mcp.serving import Scope, Tool
 from reach.core.ledger.statuses import TERMINAL, TaskStatus
 from reach.core.security.auth import Principal
 from reach.errors import HubUnavailable, InvalidQuery, InvalidTaskRequest, ReachError

@@ -2,7 +2,7 @@
 
 ``POST /api/v1/agents/mcp`` (``reach agents add-mcp URL``) checks the URL against the
 network rule, asks the server for its tools (``reach.hub.interop.mcp.client``) and
-registers an agent whose capabilities are those tools (``reach.core.interop.mcp_tools``),
+registers an agent whose capabilities are those tools (``reach.core.interop.mcp.servers``),
 with one instance reached over MCP (``instances.protocol = "mcp"``; what the hub read of
 the server is kept in the instance's interop column, ``instances.a2a``). Nothing changes
 in the MCP server.
@@ -10,7 +10,7 @@ in the MCP server.
 An MCP server sends no heartbeats, so the hub reads its tool list again every
 ``mcp_agents.refresh_s`` (the instance's heartbeat interval): a good read stamps the
 heartbeat with the hub's clock and applies the changed list under the squatting rule
-(`reach.core.interop.mcp_tools.refresh_plan`: removed tools go, new ones another agent
+(`reach.core.interop.mcp.servers.refresh_plan`: removed tools go, new ones another agent
 owns at the same or a higher trust are held and raised as an alert); a failed read leaves
 the instance to go offline after the usual missed intervals.
 """
@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from reach.core.fleet.endpoints import parse_endpoint, refusal
 from reach.core.fleet.health import InstanceStatus
 from reach.core.fleet.scoring import ProbeSample
-from reach.core.interop import mcp_tools as rules
+from reach.core.interop.mcp import servers as rules
 from reach.core.security.networks import NetworkRule
 from reach.errors import (
     AddressRefused,

@@ -1,4 +1,4 @@
-"""The MCP tools of a scope, read from the registry (``reach.core.interop.mcp.tools_of``
+"""The MCP tools of a scope, read from the registry (``reach.core.interop.mcp.serving.tools_of``
 decides the names, schemas and descriptions)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import exists, select
 from sqlalchemy.orm import Session
 
-from reach.core.interop.mcp import Scope, Tool, tools_of
+from reach.core.interop.mcp.serving import Scope, Tool, tools_of
 from reach.core.ledger.statuses import InstanceStatus
 from reach.errors import NoSuitableAgent, UnknownAgent
 from reach.hub.gates import approvals
