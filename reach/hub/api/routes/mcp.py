@@ -58,7 +58,7 @@ class McpEndpoint:
                 query.setdefault(key, []).append(value)
             mcp_scope = scope_of(query)
             if mcp_scope != Scope():
-                await self.service.mcp.intake.lane.run(self.service.mcp.check, mcp_scope)
+                await self.service.mcp.intake.lanes.online.run(self.service.mcp.check, mcp_scope)
             if not self.service.serving:
                 raise HubUnavailable("the MCP endpoint is not running (the API is stopping)")
         except ReachError as exc:

@@ -145,7 +145,7 @@ class HubMcp:
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
         _principal, scope = _caller(ctx)
-        tools = await self.intake.lane.run(self._tools, scope)
+        tools = await self.intake.lanes.online.run(self._tools, scope)
         return types.ListToolsResult(tools=[_tool(t) for t in tools])
 
     # -- a call -----------------------------------------------------------------------------
@@ -158,7 +158,7 @@ class HubMcp:
             options = rules.call_options(ctx.params)
         except ValueError as exc:
             return _result(rules.refusal(InvalidTaskRequest(str(exc))))
-        tool = await self.intake.lane.run(self._tool, scope, params.name)
+        tool = await self.intake.lanes.online.run(self._tool, scope, params.name)
         if tool is None:
             raise MCPError(
                 types.INVALID_PARAMS, f"unknown tool {params.name!r} ({scope.describe()})"
@@ -177,7 +177,7 @@ class HubMcp:
             return _result(rules.refusal(exc))
         task_id = str(view["task_id"])
         if view["status"] == TaskStatus.AWAITING_APPROVAL:
-            approval_id = await self.intake.lane.run(self._approval_of, task_id)
+            approval_id = await self.intake.lanes.online.run(self._approval_of, task_id)
             return _result(rules.awaiting_approval(task_id, approval_id))
         first = Publish(task_id, 1, 0.0, queue_for(view.get("priority")))
         wait = options.timeout_ms / 1000
@@ -222,7 +222,7 @@ class HubMcp:
             waiters=self.waiters,
             keys=[task_id],
             carried=True,
-            run=self.intake.lane.run,
+            run=self.intake.lanes.online.run,
         )
 
     async def _follow(
@@ -238,7 +238,7 @@ class HubMcp:
         attempt published before it opens loses nothing."""
         task_id = str(view["task_id"])
         if first is not None:
-            await self.intake.lane.run(self.ctx.publish_premarked, first)
+            await self.intake.lanes.online.run(self.ctx.publish_premarked, first)
         final: dict[str, Any] | None = None
         last = 0.0
         with anyio.move_on_after(wait):
@@ -259,7 +259,7 @@ class HubMcp:
         if final is not None:
             return final
         request = _request(ctx)
-        read: dict[str, Any] = await self.intake.lane.run(
+        read: dict[str, Any] = await self.intake.lanes.online.run(
             self.read, self.ctx, task_id, request, principal
         )
         return read
