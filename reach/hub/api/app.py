@@ -10,6 +10,7 @@ from enum import StrEnum
 from fastapi import FastAPI
 
 from reach.core.security.auth import auth_required, is_loopback_host
+from reach.hub import tracing
 from reach.hub.api.admission import MemoryAdmissionMiddleware
 from reach.hub.api.auth import AuthMiddleware
 from reach.hub.api.lockout import AuthLockout
@@ -89,6 +90,7 @@ def create_app(
         description="Registry, reachability and delivery between AI agents.",
         docs_url=None if require_auth else "/docs",
         redoc_url=None if require_auth else "/redoc",
+        telemetry=tracing.FASTAPI_TELEMETRY,  # only when a process traces (reach.hub.tracing)
     )
     app.state.ctx = ctx
     app.state.require_auth = require_auth

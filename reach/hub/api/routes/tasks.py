@@ -24,6 +24,7 @@ from reach.errors import (
     TaskConflict,
     UnknownTask,
 )
+from reach.hub import tracing
 from reach.hub.api import links
 from reach.hub.api.auth import not_yours, require
 from reach.hub.api.lanes import CallerLane, caller_tokens
@@ -76,7 +77,8 @@ def task_router(ctx: HubContext, intake: Intake, waiters: Waiters | None = None)
         handler (the trace's path ends with an agent it speaks for) sends as that agent."""
         path = body.trace.path if body.trace else []
         submitter = principal.acting_as(path[-1] if path else None)
-        accepted = await intake.accept(body, submitter)
+        traced = tracing.checked(request.headers.get("traceparent"))
+        accepted = await intake.accept(body, submitter, traced)
         view, created = accepted
         status = 201 if created else 200
         task_id = view["task_id"]
@@ -240,7 +242,7 @@ class Intake:
         self.lane = CallerLane(caller_tokens(ctx.settings.storage.pool_size))
 
     async def accept(
-        self, body: SubmitRequest, submitter: Principal
+        self, body: SubmitRequest, submitter: Principal, traceparent: str | None = None
     ) -> tuple[dict[str, Any], bool]:
         ctx = self.ctx
         if body.callback_url:  # SSRF guard, before anything is written (resolves: a thread)
@@ -268,6 +270,7 @@ class Intake:
                         limits=self.limits,
                         loop_guard=guard,
                         matcher=ctx.matcher,
+                        traceparent=traceparent,
                     )
                 except (Forbidden, RequestTooLarge) as refused:
                     return refused  # an L3 refusal: commit its audit row, then raise it
