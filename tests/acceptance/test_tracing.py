@@ -161,6 +161,8 @@ def test_a_two_hop_reach_is_one_trace(hub: Stack, receiver: Receiver) -> None:
     assert attempt_a.attributes["reach.instance_id"] == hub.instances(A)[0]["instance_id"]
     assert attempt_a.attributes["reach.outcome"] == "success"
     assert accepted_trace_id(hub, task_id) == trace_id
+    page = requests.get(f"{hub.url}/ui/tasks/{task_id}", timeout=10)
+    assert page.status_code == 200 and trace_id in page.text
 
 
 def test_a_dag_run_is_one_trace(hub: Stack, receiver: Receiver) -> None:
