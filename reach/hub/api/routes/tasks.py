@@ -83,7 +83,9 @@ def task_router(ctx: HubContext, intake: Intake, waiters: Waiters | None = None)
         status = 201 if created else 200
         task_id = view["task_id"]
         queued = created and view["status"] != TaskStatus.AWAITING_APPROVAL  # parked: no attempt
-        first_attempt = Publish(task_id, 1, 0.0, queue_for(view.get("priority")))
+        first_attempt = Publish(
+            task_id, 1, 0.0, queue_for(view.get("priority")), tracing.of_trace(view.get("trace"))
+        )
         if not wait:
             if queued:
                 await intake.lane.run(ctx.publish_premarked, first_attempt)
