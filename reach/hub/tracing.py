@@ -106,6 +106,12 @@ def begin_attempt(parent: str | None, attributes: dict[str, Any]) -> tuple[Any, 
     return span, telemetry.header_of(span)
 
 
+def within(span: Any) -> Any:
+    """A context manager making an attempt's span current (its log lines name its trace:
+    `current_trace_id`); does nothing for None."""
+    return telemetry.within(span)
+
+
 def end_attempt(span: Any, outcome: str, failed: bool, **attributes: Any) -> None:
     """End an attempt's span (None: tracing off) with how its exchange ended."""
     telemetry.finish(span, outcome, outcome if failed else None, **attributes)

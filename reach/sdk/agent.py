@@ -419,6 +419,7 @@ class Agent:
 
     def _join_hub(self) -> None:
         """Register (unless already) and start heartbeats: the server is up elsewhere."""
+        telemetry.configure(self.agent_id)  # a mounted agent traces as a served one does
         self._leaving = False
         try:
             if not self._registered:

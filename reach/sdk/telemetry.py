@@ -170,6 +170,23 @@ def finish(span: Any, outcome: str, error: str | None = None, **attributes: Any)
 
 
 @contextmanager
+def within(made: Any) -> Iterator[None]:
+    """``made`` (from `start`; None: nothing) as the current span for the block, so what
+    runs there (log lines, nested spans) belongs to it."""
+    if made is None:
+        yield
+        return
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace as otel
+
+    token = otel_context.attach(otel.set_span_in_context(made))
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
+
+
+@contextmanager
 def span(
     name: str,
     parent: str | None,

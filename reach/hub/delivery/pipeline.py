@@ -193,6 +193,10 @@ class Pipeline:
     @database_outage("recording an attempt's answer")
     def conclude(self, d: Dispatch, exchanged: Exchanged, elapsed: float) -> Publish | None:
         """Record how the exchange ended; a retry to publish, if one was scheduled."""
+        with tracing.within(d.span):  # its log lines carry the attempt's trace id
+            return self._conclude(d, exchanged, elapsed)
+
+    def _conclude(self, d: Dispatch, exchanged: Exchanged, elapsed: float) -> Publish | None:
         answer = exchanged.answer
         metrics.DELIVERY_SECONDS.observe(elapsed)
         outcome = classify(answer.status, answer.body)
