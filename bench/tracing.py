@@ -7,11 +7,20 @@ they alternate (on, off, on, off ...) so drift of the machine spreads evenly. Re
 each process's CPU per message at a fixed open-loop rate (``cost.per_message``), the
 hub's (API, worker, beat, PostgreSQL, Redis) and the difference in per cent
 (target: at most 5 % on, ~0 off). ``python -m bench --only tracing``.
+
+A loaded box moves a whole hub's CPU per message by more than tracing costs, so
+``python -m bench.tracing`` also measures the spans alone, in process: the task's and the
+attempt's spans of ``reach.hub.tracing`` made, ended and exported over OTLP/HTTP (to a
+sink in the same process, whose CPU counts too: an upper bound), per message, on and off.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -105,3 +114,47 @@ def measure(
             if rows
         },
     }
+
+
+def in_process(on: bool, messages: int = 3000) -> float:
+    """CPU ms (every thread of this process) per message of the hub's own spans: a task
+    span, an attempt span under it, current while its answer is recorded, then ended."""
+    from reach.hub import tracing
+    from reach.sdk import telemetry
+
+    with _sink() as (endpoint, _):
+        if on:
+            os.environ.update(OTEL_TRACES_EXPORTER="otlp", OTEL_EXPORTER_OTLP_ENDPOINT=endpoint)
+        tracing.setup("bench")
+        parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+        def one(i: int) -> None:
+            task = {"reach.task_id": f"t{i}", "reach.method": "m", "reach.agent_id": "a"}
+            stored = tracing.task_context(parent, task)
+            attempt = {**task, "reach.attempt": 1, "reach.instance_id": "i"}
+            span, _sent = tracing.begin_attempt(stored, attempt)
+            with tracing.within(span):
+                tracing.current_trace_id()
+            tracing.end_attempt(span, "success", False, **{"http.response.status_code": 200})
+
+        for i in range(300):  # warm
+            one(i)
+        telemetry.flush()
+        started = time.process_time()
+        for i in range(messages):
+            one(i)
+        telemetry.flush()
+        return 1000 * (time.process_time() - started) / messages
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] in (["on"], ["off"]):
+        print(f"{in_process(sys.argv[1] == 'on'):.4f}")
+    else:  # each in a fresh process: a tracer provider is installed once per process
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        for mode in ("off", "on"):
+            out = subprocess.run(
+                [sys.executable, "-m", "bench.tracing", mode],
+                env=env, capture_output=True, text=True, check=True,
+            ).stdout.strip()  # fmt: skip
+            print(f"tracing {mode}: {out} ms CPU per message (task + attempt spans, exported)")
