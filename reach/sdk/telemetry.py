@@ -14,6 +14,7 @@ injects the current span's context wherever it comes from (`outgoing`).
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
@@ -43,7 +44,16 @@ def enabled() -> bool:
 def _sdk_installed() -> bool:
     import importlib.util
 
-    return importlib.util.find_spec("opentelemetry.sdk") is not None
+    try:
+        found = importlib.util.find_spec("opentelemetry.sdk") is not None
+    except ImportError:  # not even the API: its parent package is missing
+        found = False
+    if not found:
+        logging.getLogger("reach.sdk.telemetry").warning(
+            "OTEL_* asks for tracing but the OpenTelemetry SDK is not installed "
+            "(pip install 'agent-reach[otel]'): no spans; trace context is passed on"
+        )
+    return found
 
 
 def reset() -> None:
