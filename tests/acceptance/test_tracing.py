@@ -1,7 +1,8 @@
 """OpenTelemetry across hops, through real processes: api, worker and beat, two SDK agents
 and an SDK caller export over OTLP/HTTP to a receiver on loopback (decoded with
 ``opentelemetry-proto``). A two-hop reach (caller -> agent A, whose handler reaches agent
-B) is one trace whose spans form one tree; so is a DAG run. An API process with tracing
+B) is one trace whose spans form one tree; a failing task's retries are sibling spans under
+its task's span; a DAG run is one trace. An API process with tracing
 off (``OTEL_SDK_DISABLED``) exports nothing and never imports the OpenTelemetry SDK, yet
 hands the caller's ``traceparent`` on.
 
@@ -34,8 +35,13 @@ OTEL = {
     "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{RECEIVER_PORT}",
     "OTEL_BSP_SCHEDULE_DELAY": "100",  # ms: spans leave within a moment, not 5 s
 }
-STACK_SETTINGS = dict(OTEL)
-A, B = "tr-a", "tr-b"
+STACK_SETTINGS = {
+    **OTEL,
+    "REACH_ROUTER__MAX_RETRY": "2",  # a failing task: three attempts, soon
+    "REACH_ROUTER__BACKOFF_BASE": "0.2",
+    "REACH_ROUTER__BACKOFF_CAP": "0.5",
+}
+A, B, FAILING = "tr-a", "tr-b", "tr-fail"
 
 CALLER = """
 import sys
@@ -85,9 +91,10 @@ def hub(
             extra=("--forward-to", B),
             env=env,
         ),
+        AgentProcess(shared_stack.url, logs / "f.log", agent_id=FAILING, mode="fail", env=env),
     ]
     try:
-        for agent_id in (A, B):
+        for agent_id in (A, B, FAILING):
             wait_until(lambda a=agent_id: shared_stack.instances(a), timeout=30, what=agent_id)
         yield shared_stack
     finally:
@@ -163,6 +170,30 @@ def test_a_two_hop_reach_is_one_trace(hub: Stack, receiver: Receiver) -> None:
     assert accepted_trace_id(hub, task_id) == trace_id
     page = requests.get(f"{hub.url}/ui/tasks/{task_id}", timeout=10)
     assert page.status_code == 200 and trace_id in page.text
+
+
+def test_retries_are_sibling_spans_under_the_task(hub: Stack, receiver: Receiver) -> None:
+    trace_id, span_id = secrets.token_hex(16), secrets.token_hex(8)
+    r = requests.post(
+        f"{hub.url}/v1/tasks",
+        json={"agent_id": FAILING, "method": "work.do", "payload": {}},
+        headers={"traceparent": f"00-{trace_id}-{span_id}-01"},
+        timeout=10,
+    )
+    assert r.status_code == 201, r.text
+
+    def attempts() -> list[Span] | None:
+        found = named(receiver.of_trace(trace_id), "reach.attempt work.do")
+        return found if len(found) == 3 else None
+
+    tried = wait_until(attempts, timeout=60, what="three attempts")
+    spans = receiver.of_trace(trace_id)
+    (task,) = named(spans, "reach.task work.do")
+    assert {a.parent_id for a in tried} == {task.span_id}  # siblings under the task
+    assert sorted(a.attributes["reach.attempt"] for a in tried) == [1, 2, 3]
+    assert {a.attributes["reach.outcome"] for a in tried} == {"transient"}
+    assert parent(spans, task).name == "POST /v1/tasks"
+    assert parent(spans, task).parent_id == span_id  # the caller's context, continued
 
 
 def test_a_dag_run_is_one_trace(hub: Stack, receiver: Receiver) -> None:
