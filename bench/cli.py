@@ -20,6 +20,7 @@ from typing import Any
 from bench import calibrate, cost, fleet, flow, micro, readme, report, scenarios, slow, soak
 from bench import channel as bench_channel
 from bench import semantic as bench_semantic
+from bench import tracing as bench_tracing
 from bench.processes import CELERY_URL, REPO, Hub, flush_redis, postgres_settings, spawn
 from bench.stats import Summary, Target, median_row, ratio
 
@@ -34,6 +35,7 @@ ALL = (
     "inflight2000",
     "fault",
     "tokens",
+    "tracing",  # OpenTelemetry on vs off: the hub's CPU per message (fresh hubs)
     "semantic",  # needs agent-reach[semantic] in this Python, else reported as skipped
     "scale_out",  # a hub of its own: two API replicas on one port, two worker nodes
     "fleet",  # a hub of its own: idle instances heartbeating, routing by capability
@@ -173,6 +175,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         if parts - {
             "tokens",
+            "tracing",
             "semantic",
             "baselines",
             "fleet",
@@ -198,6 +201,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if "tokens" in parts:  # after the main hub stopped: the machine is its own
             with guard("tokens"):
                 result["tokens"] = _tokens(plan, home, concurrency, args.worker_pool, log)
+        if "tracing" in parts:  # fresh hubs of its own, after the main hub stopped
+            with guard("tracing"):
+                result["tracing"] = bench_tracing.measure(
+                    plan, home, concurrency, args.worker_pool, log
+                )
         if "semantic" in parts:  # a hub of its own, with the model in its API
             with guard("semantic"):
                 result["semantic"] = bench_semantic.measure(

@@ -81,7 +81,7 @@ async def _ask(call: Call, hub: str | None, api_key: str | None) -> dict[str, An
     client = AsyncHubClient(hub, read_timeout=call.read_timeout, api_key=api_key)
     if call.verb == "GET":
         return await client.get(call.path, call.data, keys=call.keys)
-    return await client.post(call.path, call.data or {}, keys=call.keys)
+    return await client.post(call.path, call.data or {}, keys=call.keys, headers=dict(call.headers))
 
 
 async def send(

@@ -94,6 +94,10 @@ def api(
     warn_upkeep(autovacuum_problem(url))
     ctx = HubContext.from_settings(settings)
     announce_semantic(ctx)
+    from reach.hub import tracing
+
+    if tracing.setup("reach-api"):
+        err_console.print("tracing on: spans exported as the OTEL_* variables say")
     bind = host or settings.server.host
     from reach.core.security.auth import auth_required
     from reach.hub.api.edge import EdgeLimits

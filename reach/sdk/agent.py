@@ -60,6 +60,7 @@ from reach.errors import (
     UnknownInstance,
 )
 from reach.sdk import sessions as liveness
+from reach.sdk import telemetry
 from reach.sdk.caller import progress_call, result_call
 from reach.sdk.dedup import (
     DEFAULT_MAX_BYTES,
@@ -377,7 +378,10 @@ class Agent:
         """Bind the HTTP server, register and start heartbeats; returns at once.
 
         A hub that is down is waited for (heartbeats register later); a hub that refuses
-        this agent's key raises ``Unauthenticated`` or ``Forbidden`` here, server closed."""
+        this agent's key raises ``Unauthenticated`` or ``Forbidden`` here, server closed.
+        The ``OTEL_*`` variables turning tracing on, the process exports its handler spans
+        (``reach.sdk.telemetry``)."""
+        telemetry.configure(self.agent_id)
         if self.channel:
             from reach.sdk.channel import AgentChannel
 
@@ -415,6 +419,7 @@ class Agent:
 
     def _join_hub(self) -> None:
         """Register (unless already) and start heartbeats: the server is up elsewhere."""
+        telemetry.configure(self.agent_id)  # a mounted agent traces as a served one does
         self._leaving = False
         try:
             if not self._registered:
@@ -461,6 +466,7 @@ class Agent:
         self._close_server()
         self.runner.close()
         self._leave_hub()
+        telemetry.flush()
         if isinstance(self.dedup, SharedIdempotencyGuard):  # its lease thread and connection
             self.dedup.close()
 

@@ -162,9 +162,17 @@ class AsyncHubClient:
         return f"AsyncHubClient({self.base_url!r}, api_key={key})"
 
     async def post(
-        self, path: str, body: dict[str, Any], *, keys: tuple[str, ...] = ()
+        self,
+        path: str,
+        body: dict[str, Any],
+        *,
+        keys: tuple[str, ...] = (),
+        headers: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
-        """POST ``body``; the answer must be a JSON object holding ``keys``."""
+        """POST ``body`` (with ``headers`` beside the key's); the answer must be a JSON
+        object holding ``keys``."""
+        if headers:
+            return await self._request("POST", path, keys, json=body, headers=headers)
         return await self._request("POST", path, keys, json=body)
 
     async def get(
@@ -177,11 +185,12 @@ class AsyncHubClient:
         self, method: str, path: str, keys: tuple[str, ...], **kwargs: Any
     ) -> dict[str, Any]:
         http = await loop_session()
+        extra = kwargs.pop("headers", None)
         try:
             async with http.request(
                 method,
                 self.base_url + path,
-                headers=self._headers,
+                headers={**self._headers, **extra} if extra else self._headers,
                 timeout=self.timeout,
                 **kwargs,
             ) as resp:

@@ -33,6 +33,7 @@ from typing import Any
 
 from reach.core.fleet.names import name_refusal
 from reach.core.ledger.statuses import TERMINAL, TaskStatus
+from reach.core.telemetry import traceparent
 from reach.errors import (
     ApprovalExpired,
     ApprovalRejected,
@@ -43,7 +44,7 @@ from reach.errors import (
     ResultTimeout,
     SessionClosed,
 )
-from reach.sdk import trace
+from reach.sdk import telemetry, trace
 from reach.sdk.hub_client import HubClient
 
 SEMANTIC_READ_TIMEOUT = 60.0
@@ -65,6 +66,7 @@ class Call:
     data: dict[str, Any] | None = None
     keys: tuple[str, ...] = ()
     read_timeout: float = 10.0
+    headers: tuple[tuple[str, str], ...] = ()  # beyond the key's: a submit's traceparent
 
 
 def ask(call: Call, hub: str | None, api_key: str | None) -> dict[str, Any]:
@@ -72,7 +74,7 @@ def ask(call: Call, hub: str | None, api_key: str | None) -> dict[str, Any]:
     client = HubClient(hub, read_timeout=call.read_timeout, shared=True, api_key=api_key)
     if call.verb == "GET":
         return client.get(call.path, params=call.data, keys=call.keys)
-    return client.post(call.path, call.data or {}, keys=call.keys)
+    return client.post(call.path, call.data or {}, keys=call.keys, headers=dict(call.headers))
 
 
 def _present(fields: dict[str, Any]) -> dict[str, Any]:
@@ -186,7 +188,8 @@ def send_call(
     callback_progress: bool,
 ) -> Call:
     """The submit of `send`. Inside a handler it carries the handler's trace one hop on
-    and its session: build it in the context (thread or asyncio task) that sends it."""
+    and its session; its ``traceparent`` header continues the current OpenTelemetry span
+    (or the handler's): build it in the context (thread or asyncio task) that sends it."""
     _check_method(method)
     body: dict[str, Any] = {
         "method": method,
@@ -207,7 +210,10 @@ def send_call(
     }
     # the first intent a hub process matches may wait for its model to load (seconds)
     read_timeout = SEMANTIC_READ_TIMEOUT if intent is not None else 10.0
-    return Call("POST", "/v1/tasks", _present(body), _SUBMITTED, read_timeout)
+    # W3C trace context: the caller's current span, or inside a handler the handler's
+    tp = telemetry.outgoing(trace.traceparent_of_current())
+    headers = ((traceparent.HEADER, tp),) if tp else ()
+    return Call("POST", "/v1/tasks", _present(body), _SUBMITTED, read_timeout, headers)
 
 
 def _check_method(method: str | None) -> None:

@@ -178,9 +178,17 @@ class HubClient:
             self._http.close()
 
     def post(
-        self, path: str, body: dict[str, Any], *, keys: tuple[str, ...] = ()
+        self,
+        path: str,
+        body: dict[str, Any],
+        *,
+        keys: tuple[str, ...] = (),
+        headers: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
-        """POST ``body``; the answer must be a JSON object holding ``keys``."""
+        """POST ``body`` (with ``headers`` beside the key's); the answer must be a JSON
+        object holding ``keys``."""
+        if headers:
+            return self._request("POST", path, keys, json=body, headers=headers)
         return self._request("POST", path, keys, json=body)
 
     def get(
@@ -214,10 +222,10 @@ class HubClient:
         self, method: str, path: str, keys: tuple[str, ...], **kwargs: Any
     ) -> tuple[dict[str, Any], Mapping[str, str]]:
         url = self.base_url + path
+        extra = kwargs.pop("headers", None)
+        headers = {**self._headers, **extra} if extra else self._headers
         try:
-            resp = self._http.request(
-                method, url, timeout=self.timeout, headers=self._headers, **kwargs
-            )
+            resp = self._http.request(method, url, timeout=self.timeout, headers=headers, **kwargs)
         except requests.RequestException as exc:
             error, cause = unavailable(
                 self.base_url,

@@ -47,13 +47,14 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from reach.core.delivery import envelope
 from reach.errors import BusinessError, HubUnavailable, ReachError, StaleReport
-from reach.sdk import trace
+from reach.sdk import telemetry, trace
 
 if TYPE_CHECKING:
     from reach.sdk.agent import Agent
@@ -389,16 +390,32 @@ class Runner:
             if own is not None:
                 own.run_ended()
 
-    def _context(self, d: Delivery) -> Any:
+    @contextmanager
+    def _context(self, d: Delivery) -> Iterator[None]:
+        """The handler's context: its span (when this process traces) and its trace, hub,
+        API key and session, which nested reaches take."""
         agent = self.agent
-        return trace.handling(
-            d.task_id,
-            d.trace,
-            agent.agent_id,
-            agent.hub.base_url,
-            agent._api_key,
-            session_id=d.session_id,
-        )
+        delivered = (d.trace or {}).get("traceparent")
+        attributes = {
+            "reach.task_id": d.task_id,
+            "reach.attempt": d.attempt_seq,
+            "reach.agent_id": agent.agent_id,
+            "reach.instance_id": agent.instance_id,
+            "reach.method": d.method,
+        }
+        with (
+            telemetry.span(f"reach.handle {d.method}", delivered, attributes, "server") as tp,
+            trace.handling(
+                d.task_id,
+                d.trace,
+                agent.agent_id,
+                agent.hub.base_url,
+                agent._api_key,
+                session_id=d.session_id,
+                traceparent=tp if isinstance(tp, str) else None,
+            ),
+        ):
+            yield
 
     def _outcome(self, d: Delivery, value: Any) -> tuple[Answer, bool]:
         answer, failed = outcome(d.method, value)

@@ -36,6 +36,12 @@ def api_key_of_current() -> str | None:
     return _api_key.get()
 
 
+def traceparent_of_current() -> str | None:
+    """Inside a handler, the W3C ``traceparent`` its nested reaches carry (None: none)."""
+    ctx = _current.get()
+    return None if ctx is None else ctx.get("traceparent")
+
+
 def session_of_current() -> str | None:
     """Inside a handler, the session its task is bound to (None: none, or not handling)."""
     return _session.get()
@@ -49,11 +55,13 @@ def handling(
     hub: str | None = None,
     api_key: str | None = None,
     session_id: str | None = None,
+    traceparent: str | None = None,
 ) -> Iterator[None]:
     """Mark the current context (a thread's, or an asyncio task's) as handling ``task_id``
     of ``agent_id`` (whose hub and API key are the defaults of reaches sent from there;
     ``session_id``: the user session the task is bound to, which `reach.session_alive`
-    checks and nested reaches inherit)."""
+    checks and nested reaches inherit; ``traceparent``: the W3C trace context nested reaches
+    carry, the handler's span or, when this process does not trace, the delivery's)."""
     base = dict(trace or {})
     ctx = {
         "root_id": base.get("root_id") or task_id,
@@ -61,6 +69,7 @@ def handling(
         "hops": int(base.get("hops") or 0),
         "path": [*list(base.get("path") or []), agent_id],
         "hub": hub,
+        "traceparent": traceparent,
     }
     token = _current.set(ctx)
     key_token = _api_key.set(api_key)

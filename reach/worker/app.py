@@ -11,6 +11,7 @@ from typing import Any
 
 from celery import signals
 
+from reach.hub import tracing
 from reach.hub.settings import load_settings
 from reach.worker import exchanges, logs
 from reach.worker.context import HubContext
@@ -29,6 +30,18 @@ def runtime() -> HubContext:
 
 
 _reporters: list[SlotReporter] = []
+
+
+@signals.worker_init.connect  # type: ignore[untyped-decorator]
+def _trace_worker(**_: Any) -> None:
+    """Tracing on (the ``OTEL_*`` variables), before the pool forks: the SDK's span
+    processor starts its export thread again in each child."""
+    tracing.setup("reach-worker")
+
+
+@signals.beat_init.connect  # type: ignore[untyped-decorator]
+def _trace_beat(**_: Any) -> None:
+    tracing.setup("reach-beat")
 
 
 @signals.worker_ready.connect  # type: ignore[untyped-decorator]
@@ -50,8 +63,10 @@ def _withdraw_slots(**_: Any) -> None:
 @signals.worker_process_shutdown.connect  # type: ignore[untyped-decorator]
 def _drain_child(**_: Any) -> None:
     """A prefork child stopping: its exchanges get ``exchanges.drain_s`` to end, the rest
-    are given back for delivery at once (``reach.worker.exchanges.drain``)."""
+    are given back for delivery at once (``reach.worker.exchanges.drain``); its spans
+    are exported before it exits."""
     exchanges.drain()
+    tracing.flush()
 
 
 @signals.worker_shutdown.connect  # type: ignore[untyped-decorator]

@@ -51,6 +51,8 @@ class Publisher:
                 args=[item.task_id, item.attempt_seq],
                 countdown=item.delay if item.delay > 0 else None,
                 queue=item.queue,  # the task's priority: online or background
+                # W3C trace context in the message's headers (Celery's own propagation)
+                headers={"traceparent": item.traceparent} if item.traceparent else None,
                 # nobody waits on a Celery result of a delivery (the store has the outcome);
                 # without this every publish subscribes to a result channel on Redis
                 ignore_result=True,

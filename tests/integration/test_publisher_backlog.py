@@ -70,3 +70,26 @@ def test_a_background_backlog_behind_an_empty_online_queue_holds_the_net_off(
 def test_backlog_of_an_unreachable_broker_is_unknown(tmp_path: Path) -> None:
     with _publisher("redis://127.0.0.1:1/0", tmp_path) as publisher:
         assert publisher.backlog() is None
+
+
+def test_a_published_attempt_carries_its_traceparent_in_the_message_headers(
+    publisher: Publisher, redis_db: str
+) -> None:
+    """The task's trace context rides in Celery's message headers (W3C on every hop); an
+    attempt with none carries no such header."""
+    import json
+
+    import redis
+
+    tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    assert publisher.publish(Publish("traced", 1, 0.0, ONLINE_QUEUE, tp))
+    assert publisher.publish(Publish("untraced", 1, 0.0, ONLINE_QUEUE))
+    client = redis.Redis.from_url(redis_db)
+    try:
+        messages = [json.loads(m) for m in client.lrange(ONLINE_QUEUE, 0, -1)]
+    finally:
+        client.close()
+    headers = {m["headers"]["argsrepr"]: m["headers"] for m in messages}
+    assert sorted(headers) == ["['traced', 1]", "['untraced', 1]"]
+    assert headers["['traced', 1]"]["traceparent"] == tp
+    assert "traceparent" not in headers["['untraced', 1]"]

@@ -203,9 +203,11 @@ class AgentProcess:
         port: int | None = None,
         max_concurrency: int = 8,
         extra: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
     ) -> None:
         self.port = port or free_port()
         self.log = log
+        self.env = env  # None: this process's
         self.args = [
             sys.executable,
             str(self.SCRIPT),
@@ -230,7 +232,9 @@ class AgentProcess:
 
     def start(self) -> None:
         with self.log.with_suffix(".out").open("ab") as out:  # the agent's own log, for failures
-            self.proc = subprocess.Popen(self.args, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                self.args, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=self.env
+            )
 
     def kill(self) -> None:
         processes.kill(self.proc)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 from collections.abc import AsyncIterator
 from enum import StrEnum
+from typing import Any
 
 from fastapi import FastAPI
 
 from reach.core.security.auth import auth_required, is_loopback_host
+from reach.hub import tracing
 from reach.hub.api.admission import MemoryAdmissionMiddleware
 from reach.hub.api.auth import AuthMiddleware
 from reach.hub.api.lockout import AuthLockout
@@ -42,6 +45,14 @@ from reach.hub.flow.memory import MemoryGauge
 from reach.hub.interop.mcp.server import McpService
 from reach.hub.ledger.streams import StreamHub
 from reach.hub.ledger.wakeups import Waiters
+
+# FastAPI's own OpenTelemetry spans (active once a process traces: reach.hub.tracing),
+# narrowed to the requests that start a reach; a FastAPI before native telemetry has none
+_TELEMETRY: dict[str, Any] = (
+    {"telemetry": tracing.FASTAPI_TELEMETRY}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters
+    else {}
+)
 
 
 class Surface(StrEnum):
@@ -93,6 +104,7 @@ def create_app(
         description="Registry, reachability and delivery between AI agents.",
         docs_url=None if require_auth else "/docs",
         redoc_url=None if require_auth else "/redoc",
+        **_TELEMETRY,
     )
     app.state.ctx = ctx
     app.state.require_auth = require_auth

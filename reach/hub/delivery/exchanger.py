@@ -45,7 +45,7 @@ from reach.core.interop import a2a as a2a_rules
 from reach.core.interop.channel import redacted
 from reach.core.security.networks import NetworkRule
 from reach.errors import HubUnavailable
-from reach.hub import logs
+from reach.hub import logs, tracing
 from reach.hub.delivery.claims import renew
 from reach.hub.delivery.pipeline import Pipeline
 from reach.hub.delivery.routing import Dispatch
@@ -146,6 +146,7 @@ class Exchanger:
             exchanged = Exchanged(AgentAnswer(None, None, f"unreachable: {type(exc).__name__}"))
         elapsed = time.perf_counter() - started
         if exchanged is CANCELLED:  # ended before it was sent: nothing to record
+            tracing.end_attempt(d.span, "cancelled", failed=False)
             self._ended(d)
             return
         try:

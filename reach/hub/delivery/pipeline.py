@@ -27,7 +27,7 @@ from reach.core.delivery.retry import Outcome, classify
 from reach.core.flow.priority import BACKGROUND
 from reach.core.interop import a2a as a2a_rules
 from reach.core.security.auth import ANONYMOUS
-from reach.hub import logs, metrics
+from reach.hub import logs, metrics, tracing
 from reach.hub.delivery.claims import claim
 from reach.hub.delivery.outcomes import record_outcome
 from reach.hub.delivery.policy import DeliveryPolicy
@@ -48,6 +48,8 @@ from reach.hub.interop.mcp.servers import PROTOCOL as PROTOCOL_MCP
 from reach.hub.ledger.tasks import Publish, fail_transient, load_for_update, succeed
 from reach.hub.security.signing import Signer
 from reach.hub.storage.outage import database_outage
+
+_FAILED = (Outcome.TRANSIENT, Outcome.BACKPRESSURE)  # an attempt span's error status
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,7 @@ class Pipeline:
         (the body leaves encoded). An A2A agent is reached under its card's own scheme:
         it gets no reach token, nor does an MCP server (``tools/call`` carries none)."""
         headers = {"X-Reach-Task-Id": d.task_id, "X-Reach-Attempt": str(d.attempt_seq)}
+        d = self._traced(d, headers)
         if self.dpolicy.sign_deliveries and d.protocol not in (PROTOCOL_A2A, PROTOCOL_MCP):
             dp = self.dpolicy
             signer = self.signer or Signer(
@@ -160,6 +163,33 @@ class Pipeline:
             return replace(d, headers=headers, body=raw)
         return replace(d, headers=headers)
 
+    @staticmethod
+    def _traced(d: Dispatch, headers: dict[str, str]) -> Dispatch:
+        """The attempt's span, a child of its task's (retries are siblings), and its
+        context for the agent: the ``traceparent`` header and, in the signed body, the
+        delivery's ``trace`` (what the SDKs read, whatever carries the delivery)."""
+        stored = d.body.get("trace") if isinstance(d.body, dict) else None
+        parent = tracing.of_trace(stored)
+        if parent is None and not tracing.enabled():
+            return d  # no trace to continue and none to start
+        span, context = tracing.begin_attempt(
+            parent,
+            {
+                "reach.task_id": d.task_id,
+                "reach.attempt": d.attempt_seq,
+                "reach.agent_id": d.agent_id,
+                "reach.instance_id": d.instance_id,
+                "reach.method": d.method,
+            },
+        )
+        if context is None:
+            return replace(d, span=span)
+        headers[tracing.KEY] = context
+        body = d.body
+        if isinstance(body, dict) and d.protocol != PROTOCOL_A2A:
+            body = {**body, "trace": {**(stored or {}), tracing.KEY: context}}
+        return replace(d, span=span, body=body)
+
     def record_progress(self, d: Dispatch, update: a2a_rules.Progress) -> None:
         """A status update a streaming (A2A) exchange brought, as the task's progress
         while the attempt holds its lease (blocking: call it on a thread)."""
@@ -169,13 +199,16 @@ class Pipeline:
     def conclude(self, d: Dispatch, exchanged: Exchanged, elapsed: float) -> Publish | None:
         """Record how the exchange ended; a retry to publish, if one was scheduled."""
         with logs.task_context(d.task_id, d.attempt_seq, d.agent_id):
-            return self._conclude(d, exchanged, elapsed)
+            with tracing.within(d.span):  # its log lines carry the attempt's trace id
+                return self._conclude(d, exchanged, elapsed)
 
     @database_outage("recording an attempt's answer")
     def _conclude(self, d: Dispatch, exchanged: Exchanged, elapsed: float) -> Publish | None:
         answer = exchanged.answer
         outcome = classify(answer.status, answer.body)
         metrics.DELIVERY_SECONDS.labels(outcome.value).observe(elapsed)
+        status = {"http.response.status_code": answer.status}
+        tracing.end_attempt(d.span, outcome.value, outcome in _FAILED, **status)
         metrics.DELIVERY_TOTAL.labels(outcome.value).inc()
         if self.candidates is not None and outcome not in (
             Outcome.SUCCESS,

@@ -69,6 +69,7 @@ class Dispatch:
     peer: Peer | None = None  # an A2A instance's card: its RPC URL and security scheme
     headers: dict[str, str] = field(default_factory=dict)
     max_concurrency: int = 0  # the instance's declared slots (0: it declares none)
+    span: Any = field(default=None, compare=False)  # the attempt's span (tracing on)
 
 
 def candidates(

@@ -35,7 +35,7 @@ from reach.errors import (
     SemanticMatchingOff,
     TaskConflict,
 )
-from reach.hub import logs
+from reach.hub import logs, tracing
 from reach.hub.fleet.matching import Matcher
 from reach.hub.fleet.registry import (
     CANDIDATE_LIMIT,
@@ -99,8 +99,13 @@ def submit(
     limits: admission.Limits = admission.DEFAULT_LIMITS,
     loop_guard: loops.LoopGuard | None = None,
     matcher: Matcher | None = None,
+    traceparent: str | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """Create the task (or find the existing one with this task_id): (its view, created).
+
+    ``traceparent`` (the caller's W3C trace context) is the parent of the task's span
+    (`reach.hub.tracing.task_context`), whose context the task's ``trace`` keeps for its
+    attempts; its trace id is in the ``accepted`` event.
 
     ``pin_instance`` (broadcasts) delivers to that instance only; ``max_retry`` overrides
     the router's retry budget for this task. ``published_at`` marks the first attempt as
@@ -178,6 +183,13 @@ def submit(
         )
         if loop_guard is not None:  # the hub's own trace, loop-checked (`reach.hub.flow.loops`)
             trace = loop_guard.trace_for(session, req, task_id, caller, list(decls))
+        traced = tracing.task_context(
+            traceparent,
+            {"reach.task_id": task_id, "reach.method": method, "reach.agent_id": req.agent_id},
+        )
+        if traced is not None:
+            trace = {**trace, tracing.KEY: traced}
+            accepted = {**accepted, "trace_id": tracing.trace_id(trace)}
         values = {
             "task_id": task_id,
             "agent_id": req.agent_id,

@@ -43,12 +43,15 @@ log = logging.getLogger("reach.hub.ledger.tasks")
 @dataclass(frozen=True, slots=True)
 class Publish:
     """Instruction for the Celery shell: publish this attempt after ``delay`` seconds
-    to ``queue`` (the task's priority: ``reach.core.flow.priority.queue_for``)."""
+    to ``queue`` (the task's priority: ``reach.core.flow.priority.queue_for``).
+    ``traceparent``: the task's trace context, as the message's header when known (the
+    worker continues the trace from the store, which the relay's copies reach too)."""
 
     task_id: str
     attempt_seq: int
     delay: float
     queue: str = ONLINE_QUEUE
+    traceparent: str | None = None
 
 
 TASKS = cast(Table, TaskRow.__table__)

@@ -29,6 +29,7 @@ from reach.core.orchestration import dags
 from reach.core.orchestration.dags import DagSpec, NodeResult, NodeStatus
 from reach.core.orchestration.dags.sweep import RunClock, SweepAction, sweep_action
 from reach.errors import DagError, ReachError, UnknownTask
+from reach.hub import tracing
 from reach.hub.flow import admission
 from reach.hub.gates import approvals
 from reach.hub.intake.submission import submit
@@ -59,9 +60,14 @@ def start_run(
     run_input: dict[str, Any],
     now: float,
     caller: str | None = None,
+    traceparent: str | None = None,
 ) -> str:
-    """Record a new run; ``caller`` (the identity starting it) owns it and its tasks."""
+    """Record a new run; ``caller`` (the identity starting it) owns it and its tasks.
+    The run's span (a child of the caller's ``traceparent``) is the parent of its nodes'
+    tasks: one trace per run."""
     run_id = f"dag-{uuid.uuid4().hex[:16]}"
+    attributes = {"reach.dag_run_id": run_id, "reach.dag": spec.name}
+    traced = tracing.task_context(traceparent, attributes, f"reach.dag_run {spec.name}")
     session.add(
         DagRunRow(
             run_id=run_id,
@@ -73,6 +79,7 @@ def start_run(
             created_at=now,
             updated_at=now,
             caller=caller,
+            traceparent=traced,
         )
     )
     for node in spec.nodes:
@@ -142,6 +149,7 @@ def advance_node(
                 caller=run.caller,
                 approval=approval,
                 limits=limits,
+                traceparent=run.traceparent,
             )
         except (DagError, ReachError) as exc:
             error = {"kind": type(exc).__name__, "message": exc.detail}
@@ -184,6 +192,7 @@ def advance_node(
                 caller=run.caller,
                 approval=approval,
                 limits=limits,
+                traceparent=run.traceparent,
             )
         except ReachError as exc:  # e.g. the agent left since the first attempt
             return Step(_finish(row, failure_of(exc, f"not re-submitted: {exc.detail}"), now))

@@ -329,6 +329,8 @@ class DagRunRow(Base):
     updated_at: Mapped[float] = mapped_column(Double)
     finished_at: Mapped[float | None] = mapped_column(Double, nullable=True, index=True)
     caller: Mapped[str | None] = mapped_column(String(160), nullable=True)
+    # the run's span context: its nodes' tasks continue it (reach.hub.tracing)
+    traceparent: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class DagNodeRunRow(Base):

@@ -72,6 +72,10 @@ export interface Delivery {
   /** The trace a reach sent from this handler carries: `send({ ..., trace: delivery.childTrace })`
    * keeps a chain of agents one story and lets the hub see loops. */
   childTrace: { root_id: string; parent_task_id: string; hops: number; path: string[] };
+  /** The delivery's W3C trace context (OpenTelemetry), if the hub sent one: pass it on,
+   * `send({ ..., trace: delivery.childTrace, traceparent: delivery.traceparent })`, and a
+   * reach made here joins the caller's trace. */
+  traceparent: string | undefined;
   /** The whole body the hub delivered. */
   body: Record<string, unknown>;
 }
@@ -672,6 +676,7 @@ export class Agent {
       deadline: typeof body["deadline"] === "number" ? body["deadline"] * 1000 : undefined,
       trace: body["trace"],
       childTrace: childTrace(body["trace"], taskId, this.agentId),
+      traceparent: traceparentOf(body["trace"]),
       body,
     };
     const run = this.startRun(handler, payload as Record<string, unknown>, delivery);
@@ -890,6 +895,15 @@ function childTrace(trace: unknown, taskId: string, agentId: string): Delivery["
   const path = Array.isArray(base["path"]) ? base["path"].map(String) : [];
   const root = typeof base["root_id"] === "string" && base["root_id"] ? base["root_id"] : taskId;
   return { root_id: root, parent_task_id: taskId, hops: hops + 1, path: [...path, agentId] };
+}
+
+const TRACEPARENT = /^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$/;
+
+/** The W3C traceparent the hub put in the delivery's trace (signed with the body). */
+function traceparentOf(trace: unknown): string | undefined {
+  if (trace === null || typeof trace !== "object") return undefined;
+  const value = (trace as Record<string, unknown>)["traceparent"];
+  return typeof value === "string" && TRACEPARENT.test(value) ? value : undefined;
 }
 
 function decodedPath(url: string): string | null {

@@ -65,6 +65,9 @@ export interface SendOptions extends CallOptions {
   callbackProgress?: boolean;
   /** The trace a reach sent from inside a handler carries (none at the edge). */
   trace?: TraceContext;
+  /** W3C trace context (OpenTelemetry), sent as the `traceparent` header: a handler
+   * passes `delivery.traceparent`, a caller its current span's. */
+  traceparent?: string;
 }
 
 export interface Submission {
@@ -147,7 +150,11 @@ export async function send(opts: SendOptions): Promise<Submission> {
     status: string;
     agent_id?: string | null;
     method?: string | null;
-  }>("/v1/tasks", body, { keys: SUBMITTED, ...signalOf(opts) });
+  }>("/v1/tasks", body, {
+    keys: SUBMITTED,
+    ...signalOf(opts),
+    ...(opts.traceparent ? { headers: { traceparent: opts.traceparent } } : {}),
+  });
   return { taskId: answer.task_id, status: answer.status, agentId: answer.agent_id, method: answer.method };
 }
 

@@ -253,3 +253,35 @@ test("a route whose method is a path is refused: the hub would never deliver to 
   }
   agent.route("doc/summarise:v2", () => ({})); // a name with parts is fine
 });
+
+test("a delivery's traceparent reaches the handler, and send() carries it to the hub as the header", async () => {
+  const { createServer } = await import("node:http");
+  const { send } = await import("../dist/index.js");
+  const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+  const seen = [];
+  const hubSide = createServer((req, res) => {
+    seen.push(req.headers["traceparent"] ?? null);
+    res.writeHead(201, { "content-type": "application/json" });
+    res.end(JSON.stringify({ task_id: "inner", status: "pending" }));
+  });
+  await new Promise((r) => hubSide.listen(0, "127.0.0.1", r));
+  const hub = `http://127.0.0.1:${hubSide.address().port}`;
+  try {
+    const open = new Agent({ agentId: "tp", addr: "http://127.0.0.1:1", verifyTokens: false });
+    open.route("echo", async (taskId, payload, delivery) => {
+      await send({ agentId: "b", method: "echo", hub, trace: delivery.childTrace, traceparent: delivery.traceparent });
+      return { traceparent: delivery.traceparent ?? null };
+    });
+    const deliver = (trace) => open.fetch(new Request("http://x/tasks/echo", {
+      method: "POST", body: JSON.stringify({ task_id: `t${seen.length}`, payload: {}, trace }),
+    }));
+    const traced = await (await deliver({ root_id: "r", hops: 0, path: [], traceparent: tp })).json();
+    assert.equal(traced.data.traceparent, tp);
+    const junk = await (await deliver({ root_id: "r", hops: 0, path: [], traceparent: "junk" })).json();
+    assert.equal(junk.data.traceparent, null);
+    assert.deepEqual(seen, [tp, null]);
+  } finally {
+    hubSide.closeAllConnections();
+    hubSide.close();
+  }
+});

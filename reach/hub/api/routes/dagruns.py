@@ -14,6 +14,7 @@ from reach.core.fleet.routing import RouteFilter, matches
 from reach.core.orchestration import dags
 from reach.core.security.auth import Action, Principal, may_read_task
 from reach.errors import DagError, UnknownTask
+from reach.hub import tracing
 from reach.hub.api import links
 from reach.hub.api.auth import not_yours, require
 from reach.hub.context import HubContext
@@ -38,8 +39,9 @@ def dag_router(ctx: HubContext) -> APIRouter:
     @router.post(
         "", status_code=201, responses={**links.responses(links.STARTED_RUN, 201), 422: {}}
     )
-    def start(body: StartRun, principal: Submits) -> JSONResponse:
+    def start(body: StartRun, request: Request, principal: Submits) -> JSONResponse:
         spec = dags.parse_dag(body.dag)
+        traced = tracing.checked(request.headers.get("traceparent"))
 
         def work(session: Session) -> str:
             now = ctx.clock.now()
@@ -55,7 +57,9 @@ def dag_router(ctx: HubContext) -> APIRouter:
                 return any(matches(c, flt) for c in candidates)
 
             dags.validate(spec, target_exists=target_exists)
-            return dagruns.start_run(session, spec, body.input, now, caller=principal.identity)
+            return dagruns.start_run(
+                session, spec, body.input, now, caller=principal.identity, traceparent=traced
+            )
 
         plan = dags.compile_plan(spec)
         dagruns.check_fits_chord_lifetime(spec, plan, ctx.dispatcher.run_lifetime_s)

@@ -24,7 +24,7 @@ from reach.errors import (
     TaskConflict,
     UnknownTask,
 )
-from reach.hub import logs
+from reach.hub import logs, tracing
 from reach.hub.api import links
 from reach.hub.api.auth import not_yours, require
 from reach.hub.api.lanes import CallerLanes, caller_tokens
@@ -77,12 +77,15 @@ def task_router(ctx: HubContext, intake: Intake, waiters: Waiters | None = None)
         handler (the trace's path ends with an agent it speaks for) sends as that agent."""
         path = body.trace.path if body.trace else []
         submitter = principal.acting_as(path[-1] if path else None)
-        accepted = await intake.accept(body, submitter)
+        traced = tracing.checked(request.headers.get("traceparent"))
+        accepted = await intake.accept(body, submitter, traced)
         view, created = accepted
         status = 201 if created else 200
         task_id = view["task_id"]
         queued = created and view["status"] != TaskStatus.AWAITING_APPROVAL  # parked: no attempt
-        first_attempt = Publish(task_id, 1, 0.0, queue_for(view.get("priority")))
+        first_attempt = Publish(
+            task_id, 1, 0.0, queue_for(view.get("priority")), tracing.of_trace(view.get("trace"))
+        )
         lane = intake.lanes.of(body.priority)
         if not wait:
             if queued:
@@ -244,7 +247,7 @@ class Intake:
         self.lanes = CallerLanes(caller_tokens(ctx.settings.storage.pool_size))
 
     async def accept(
-        self, body: SubmitRequest, submitter: Principal
+        self, body: SubmitRequest, submitter: Principal, traceparent: str | None = None
     ) -> tuple[dict[str, Any], bool]:
         ctx = self.ctx
         lane = self.lanes.of(body.priority)  # a background flood never holds online's tokens
@@ -273,6 +276,7 @@ class Intake:
                         limits=self.limits,
                         loop_guard=guard,
                         matcher=ctx.matcher,
+                        traceparent=traceparent,
                     )
                 except (Forbidden, RequestTooLarge) as refused:
                     return refused  # an L3 refusal: commit its audit row, then raise it

@@ -25,6 +25,7 @@ from reach.core.ledger.statuses import TERMINAL, TaskStatus
 from reach.core.ops.paging import MAX_LIMIT, TaskFilter
 from reach.core.security.auth import Action, may_read_task
 from reach.errors import InvalidQuery
+from reach.hub import tracing
 from reach.hub.api.auth import not_yours
 from reach.hub.api.ui.pages import PageNotFound, Viewer, env, render, require_ui
 from reach.hub.context import HubContext
@@ -149,6 +150,7 @@ def _task(ctx: HubContext, request: Request, viewer: Viewer, task_id: str) -> di
             (e["detail"] for e in reversed(trail["events"]) if e["kind"] == "progress"), None
         ),
         "live": task["status"] not in TERMINAL,
+        "trace_id": tracing.trace_id(task.get("trace")),  # to look the reach up in a tracer
     }
 
 
