@@ -82,10 +82,26 @@ def owns(row: BlobRow, principal: Principal) -> bool:
     return row.key_id is not None and row.key_id == principal.key_id
 
 
-def owned(session: Session, blob_id: str, principal: Principal, *, lock: bool = False) -> BlobRow:
-    """The caller's live blob; `UnknownBlob` for a missing, doomed or foreign one."""
+NotYours = Callable[[str], None]
+"""Told of a blob that exists but is another caller's (the API logs the refusal)."""
+
+
+def owned(
+    session: Session,
+    blob_id: str,
+    principal: Principal,
+    *,
+    lock: bool = False,
+    not_yours: NotYours | None = None,
+) -> BlobRow:
+    """The caller's live blob; `UnknownBlob` for a missing, doomed or foreign one (not
+    found and not yours look the same)."""
     row = live(session, blob_id, lock=lock)
-    if row is None or not owns(row, principal):
+    if row is not None and not owns(row, principal):
+        if not_yours is not None:
+            not_yours(f"blob {blob_id!r}")
+        row = None
+    if row is None:
         raise unknown(blob_id)
     return row
 
@@ -112,10 +128,16 @@ def bind(session: Session, blob_id: str, principal: Principal, task_id: str) -> 
     row.task_id = task_id
 
 
-def remove(session: Session, blob_id: str, principal: Principal, now: float) -> None:
+def remove(
+    session: Session,
+    blob_id: str,
+    principal: Principal,
+    now: float,
+    not_yours: NotYours | None = None,
+) -> None:
     """The owner's delete: mark the blob doomed (its bytes go next). A blob a task has
     taken goes with that task (`BlobTaken`)."""
-    row = owned(session, blob_id, principal, lock=True)
+    row = owned(session, blob_id, principal, lock=True, not_yours=not_yours)
     if row.task_id is not None:
         raise BlobTaken(
             f"blob {blob_id!r} is the payload of task {row.task_id!r}: it is deleted with it",

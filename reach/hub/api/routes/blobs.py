@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 
 from reach.core.blobs.links import BLOB_ID_PATTERN
 from reach.core.security.auth import Action, Principal
-from reach.errors import InvalidBlobLink, InvalidTaskRequest, RequestTooLarge, UnknownBlob
+from reach.errors import BlobError, InvalidBlobLink, RequestTooLarge
 from reach.hub.api.auth import not_yours, principal_of, require
 from reach.hub.blobs import records
 from reach.hub.context import HubContext
@@ -94,33 +94,30 @@ def blob_router(ctx: HubContext) -> APIRouter:
                     raise records.unknown(blob_id)
                 return _stream(ctx, row)
         principal = principal_of(request)
+        refused = _refusal(request, principal)
         with ctx.reading() as session:
-            row = records.live(session, blob_id)
-            if row is not None and not records.owns(row, principal):
-                not_yours(request, principal, f"blob {blob_id!r}")
-                row = None
-            if row is None:
-                raise records.unknown(blob_id)
-            return _stream(ctx, row)
+            return _stream(ctx, records.owned(session, blob_id, principal, not_yours=refused))
 
     @router.delete("/{blob_id}", responses={404: {}, 409: {}})
     def delete_blob(blob_id: BlobId, request: Request, principal: Uploads) -> dict[str, Any]:
         """Delete a blob no task has taken (one a task took goes with the task: 409)."""
-        try:
-            ctx.write(lambda s: records.remove(s, blob_id, principal, ctx.clock.now()))
-        except UnknownBlob:
-            not_yours(request, principal, f"blob {blob_id!r}")
-            raise
+        refused = _refusal(request, principal)
+        ctx.write(lambda s: records.remove(s, blob_id, principal, ctx.clock.now(), refused))
         records.purge(ctx.transaction, ctx.blob_store, [blob_id])  # else the sweep does
         return {"blob_id": blob_id, "deleted": True}
 
     return router
 
 
+def _refusal(request: Request, principal: Principal) -> records.NotYours:
+    """Logs and counts a key reaching for another caller's blob."""
+    return lambda what: not_yours(request, principal, what)
+
+
 def _content_type(request: Request) -> str:
     value = request.headers.get("content-type") or _DEFAULT_TYPE
     if len(value) > _MAX_TYPE or not value.isascii() or not value.isprintable():
-        raise InvalidTaskRequest(f"content-type: at most {_MAX_TYPE} printable ASCII characters")
+        raise BlobError(f"content-type: at most {_MAX_TYPE} printable ASCII characters")
     return value
 
 
