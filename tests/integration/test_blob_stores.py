@@ -2,15 +2,18 @@
 S3 bucket on a real local S3 server (moto's ``moto_server``, a subprocess on loopback).
 Their records (``reach.hub.blobs.records``) on both databases: a blob is its uploader's,
 goes with the one task that takes it, and the sweep deletes -- bytes and row -- exactly
-the blobs whose task is gone and those no task took in time."""
+the blobs whose task is gone and those no task took in time. The SDK reads an S3 blob by
+the presigned link a delivery carries, and refuses bytes that do not match."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import io
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,14 +22,18 @@ import requests
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
+import reach
+import reach.aio
 from reach.core.security.auth import Principal, Scope
 from reach.errors import BlobTaken, UnknownBlob
 from reach.hub.blobs import records
 from reach.hub.blobs.backend import BlobBackend
 from reach.hub.blobs.backends.directory import DirectoryBackend
+from reach.hub.blobs.links import BlobLinks
 from reach.hub.settings import BlobSettings
 from reach.hub.storage import session_factory
 from reach.hub.storage.models import BlobRow, TaskRow
+from reach.sdk import trace
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
@@ -211,3 +218,31 @@ def test_the_sweep_deletes_exactly_the_blobs_no_task_needs(
     for gone in (old_orphan, gone_task, deleted_by_owner):
         assert _read(store, gone) is None
     assert records.sweep(db.begin, store, NOW, TTL) == 0  # nothing more
+
+
+def test_an_agent_reads_an_s3_blob_by_the_presigned_link_its_delivery_carries(
+    s3_endpoint: str,
+) -> None:
+    """With the S3 store the delivery's link is the bucket's own: the SDK reads the bytes
+    from there (never through the hub) and checks them against the recorded digest."""
+    store = _s3(s3_endpoint)
+    data = os.urandom(2 * 1024 * 1024)
+    row = BlobRow(
+        blob_id=records.new_id(), owner="key:alice", size=len(data),
+        sha256=hashlib.sha256(data).hexdigest(), content_type="application/pdf", created_at=NOW,
+    )  # fmt: skip
+    store.put(row.blob_id, io.BytesIO(data), len(data), row.content_type)
+    links = BlobLinks(b"k" * 32, 300.0, store)
+    ref = links.descriptor(row, time.time())
+    assert ref["url"].startswith(s3_endpoint) and ref["sha256"] == row.sha256
+    with trace.handling("t-1", None, "reader", hub="http://127.0.0.1:9", blob=ref):
+        assert reach.payload_blob() == data
+        assert asyncio.run(reach.aio.payload_blob()) == data
+    altered = {**ref, "sha256": "0" * 64}
+    with (
+        trace.handling("t-2", None, "reader", hub="http://127.0.0.1:9", blob=altered),
+        pytest.raises(reach.ProtocolError),
+    ):
+        reach.payload_blob()
+    with trace.handling("t-3", None, "reader"), pytest.raises(reach.UnknownBlob):
+        reach.payload_blob()  # this task carries none
