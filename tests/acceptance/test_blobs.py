@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,7 +37,7 @@ from reach.hub.security.sealing import SealKey
 from reach.hub.storage import create_engine_for, session_factory
 from tests.support.ports import free_port
 from tests.support.stacks import Stack
-from tests.support.trust_agents import PROBLEM, Key, make_key, online
+from tests.support.trust_agents import PROBLEM, Key, make_key, online, reach_cli
 from tests.support.waiting import wait_until
 
 pytestmark = [
@@ -240,6 +242,26 @@ def test_oversize_uploads_and_inline_payloads_are_413_problems(
             hub=shared_stack.url, api_key=keys.caller.secret,
         )  # fmt: skip
     assert refused.value.problem_type() == PROBLEM + "payload-too-large"
+
+
+def test_the_cli_uploads_a_file_and_sends_it_by_reference(
+    shared_stack: Stack, keys: Keys, seen: Seen, tmp_path: Path
+) -> None:
+    scan = tmp_path / "scan.pdf"
+    scan.write_bytes(os.urandom(2 * MiB))
+    key = ["--hub", shared_stack.url, "--api-key", keys.caller.secret]
+    put = reach_cli(shared_stack, "blobs", "put", str(scan), *key)
+    assert put.returncode == 0, put.stderr
+    blob = json.loads(put.stdout)
+    assert blob["content_type"] == "application/pdf" and blob["size"] == 2 * MiB
+    sent = reach_cli(
+        shared_stack, "send", "digest", "--agent", AGENT, "--payload-ref", blob["blob_id"], *key
+    )
+    assert sent.returncode == 0, sent.stderr
+    answer = json.loads(sent.stdout)["result"]
+    assert answer["sha256"] == hashlib.sha256(scan.read_bytes()).hexdigest()
+    missing = reach_cli(shared_stack, "blobs", "put", str(tmp_path / "nope"), *key)
+    assert missing.returncode == 2
 
 
 def test_a_blob_is_deleted_with_its_task(
