@@ -807,6 +807,8 @@ def flow_targets(f: dict[str, Any]) -> list[Target]:
         out += [
             Target("priority: online p99 under a background flood ÷ unloaded",
                    num(pr["p99_ratio"]), 2),
+            Target("priority: background throughput lost to online work",
+                   num(pr.get("background_throughput_lost")), 0.1),
             Target("priority run lost tasks", pr["lost"], 0),
         ]  # fmt: skip
     bp = f.get("backpressure")

@@ -355,7 +355,9 @@ def _stats(agent: Any) -> dict[str, Any]:
 
 def priority(bench: Bench, concurrency: int) -> dict[str, Any]:
     """Online single hops unloaded, then again while background tasks to a slow agent keep
-    every worker slot busy (offered at 1.5x what the workers can deliver)."""
+    every worker slot busy (offered at 1.5x what the workers can deliver); the flood goes
+    on alone for as long again after, so the background throughput lost to online work
+    compares the two windows (both with a backlog throughout)."""
     plan = bench.plan
     bench.agent("echo")
     bench.agent("slow-bg", latency=plan.bg_latency)
@@ -406,18 +408,23 @@ def priority(bench: Bench, concurrency: int) -> dict[str, Any]:
 
     lead = 1.5  # the flood runs alone this long first: the backlog is there when we measure
     flood = threading.Thread(
-        target=run_open_loop, args=(background, bg_rate, lead + duration), daemon=True
+        target=run_open_loop, args=(background, bg_rate, lead + 2 * duration), daemon=True
     )
     flood.start()
     time.sleep(lead)
     backlog_at_start = _open_count(bench, bg)
     loud = bench.prefix("online-flood")
     with PeakRss(bench.hub.pids()) as rss:
+        online_from = time.time()
         samples, wall = run_open_loop(online(loud), rate, duration)
+        online_to = time.time()
     backlog_at_end = _open_count(bench, bg)
     flood.join()
+    alone_to = time.time()
+    with_online = _finished_rate(bench, bg, online_from, online_to)
+    alone = _finished_rate(bench, bg, online_to, alone_to)
     loaded = summarise(samples, wall, offered_rate=rate)
-    bg_submitted = int(bg_rate * (lead + duration))
+    bg_submitted = int(bg_rate * (lead + 2 * duration))
     lost = bench.lost(quiet) + bench.lost(loud) + bench.lost(bg, drain=plan.bg_drain)
     ratio = loaded.p99_ms / unloaded.p99_ms if unloaded.p99_ms else float("nan")
     return {
@@ -434,9 +441,31 @@ def priority(bench: Bench, concurrency: int) -> dict[str, Any]:
         "background_backlog_at_start": backlog_at_start,
         "background_backlog_at_end": backlog_at_end,
         "background_statuses": _statuses(bench, bg),
+        # background tasks finished a second while online work ran, and in the flood's
+        # window alone after it (seed 004: online work may cost background < 10 %)
+        "background_done_per_s_with_online": with_online,
+        "background_done_per_s_alone": alone,
+        "background_throughput_lost": (
+            round(1 - with_online / alone, 3) if with_online is not None and alone else None
+        ),
         "peak_rss_mb": round(rss.peak_mb, 1),
         "lost": lost,
     }
+
+
+def _finished_rate(bench: Bench, prefix: str, start: float, end: float) -> float | None:
+    """Tasks of this prefix that ended between ``start`` and ``end`` (wall clock), a second."""
+    if end <= start:
+        return None
+    rows = _query(
+        bench,
+        "SELECT count(*) FROM tasks WHERE task_id LIKE :p "
+        "AND finished_at >= :a AND finished_at < :b",
+        p=prefix + "%",
+        a=start,
+        b=end,
+    )
+    return round(int(rows[0][0]) / (end - start), 2)
 
 
 def _open_count(bench: Bench, prefix: str) -> int:

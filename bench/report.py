@@ -491,7 +491,7 @@ def flow_lines(f: dict[str, Any]) -> list[str]:
             f"| p50/p99 unloaded {_fmt(u['p50_ms'])}/{_fmt(u['p99_ms'])} ms, flooded "
             f"{_fmt(ld['p50_ms'])}/{_fmt(ld['p99_ms'])} ms (p99 {_fmt(pr['p99_ratio'])}x); "
             f"background backlog {pr['background_backlog_at_start']} → "
-            f"{pr['background_backlog_at_end']} | {FIELD['priority']} |"
+            f"{pr['background_backlog_at_end']}{_bg_lost(pr)} | {FIELD['priority']} |"
         )
     bp = f.get("backpressure")
     if bp:
@@ -577,3 +577,14 @@ def plot(result: dict[str, Any], out: Path) -> list[Path]:
         fig.savefig(paths[-1], dpi=110)
         plt.close(fig)
     return paths
+
+
+def _bg_lost(pr: dict[str, Any]) -> str:
+    """The background throughput online work cost, when the run measured it."""
+    lost = pr.get("background_throughput_lost")
+    if lost is None:
+        return ""
+    return (
+        f"; background {_fmt(pr['background_done_per_s_with_online'])}/s with online work, "
+        f"{_fmt(pr['background_done_per_s_alone'])}/s alone ({lost * 100:.0f} % lost)"
+    )

@@ -3,6 +3,7 @@ and the small notices processes print at start."""
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.text import Text
 
 from reach.errors import ConfigError
 
@@ -54,17 +56,41 @@ def load_settings_or_exit() -> Settings:
     return settings
 
 
+_json_logs = False  # this process logs JSON lines (`start_logging`)
+
+
+def start_logging(settings: Settings, role: str) -> None:
+    """JSON lines from here on when ``logging.format`` is json (`reach.hub.logs`); the
+    notices below then become log lines too, so every line of the process parses."""
+    global _json_logs
+    from reach.hub import logs
+
+    _json_logs = logs.configure(settings.logging.format, role)
+
+
+def json_logs() -> bool:
+    return _json_logs
+
+
+def notice(text: str, *, level: int = logging.WARNING) -> None:
+    """A start-up notice: rich text on stderr, or a log line of ``reach.cli`` (its
+    markup dropped) when the process logs JSON."""
+    if _json_logs:
+        logging.getLogger("reach.cli").log(level, Text.from_markup(text).plain)
+    else:
+        err_console.print(text)
+
+
 def announce_semantic(ctx: Any) -> None:
     """Say at start-up whether semantic matching is on (``router.semantic: on`` without
     the extra stops here), and let its model-loading lines reach the API's log."""
-    import logging
-
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
     for name in ("reach.hub.fleet.matching", "reach.hub.fleet.embeddings"):
         logger = logging.getLogger(name)
         logger.setLevel(logging.INFO)
-        logger.addHandler(handler)
+        if not _json_logs:  # JSON: the root logger's handler writes them
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
+            logger.addHandler(handler)
     try:
         semantic = ctx.matcher.availability
     except ConfigError as exc:  # escaped: "[semantic]" is no markup
@@ -81,7 +107,7 @@ def warn_upkeep(problem: str | None) -> None:
     """A database that will slow the hub down as it runs: said at start, not refused
     (an operator may vacuum on a schedule of their own)."""
     if problem:
-        err_console.print(f"[yellow]warning:[/yellow] {problem}", soft_wrap=True)
+        notice(f"[yellow]warning:[/yellow] {escape(problem)}")
 
 
 def redact(url: str) -> str:

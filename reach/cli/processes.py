@@ -3,22 +3,30 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.markup import escape
 
 from reach.cli.common import (
     ConfigOption,
     announce_semantic,
     err_console,
+    json_logs,
     load_settings_or_exit,
+    notice,
+    start_logging,
     use_config,
     warn_upkeep,
 )
 from reach.core.flow.priority import WORKER_QUEUES
+
+if TYPE_CHECKING:
+    from reach.hub.settings import Settings
 
 
 def up(
@@ -42,6 +50,7 @@ def up(
 
     use_config(config)
     settings = load_settings_or_exit()
+    start_logging(settings, "up")
     raise typer.Exit(
         run_up(
             settings,
@@ -70,6 +79,7 @@ def api(
     """Run the HTTP API."""
     use_config(config)
     settings = load_settings_or_exit()  # first: it points prometheus_client at the shared directory
+    start_logging(settings, "api")
     import uvicorn
 
     from reach.hub.api import create_app
@@ -79,7 +89,7 @@ def api(
     url = settings.storage.resolved_database_url
     problem = database_revision_problem(url)
     if problem:
-        err_console.print(f"[red]database not ready:[/red] {problem}")
+        notice(f"[red]database not ready:[/red] {escape(problem)}", level=logging.ERROR)
         raise typer.Exit(2)
     warn_upkeep(autovacuum_problem(url))
     ctx = HubContext.from_settings(settings)
@@ -90,26 +100,27 @@ def api(
     from reach.hub.api.serve import serve_together, uvicorn_options
 
     limits = EdgeLimits.of(settings.server)  # header size, count and time; connections
+    log = settings.logging  # JSON: uvicorn's lines go through the root logger's handler
 
     # resolved against the address actually bound: `--host 0.0.0.0` turns auth on
     require_auth = auth_required(settings.security.require_auth, bind)
     if not require_auth:
-        err_console.print(f"auth is off: the API on {bind} takes requests without API keys")
+        notice(f"auth is off: the API on {bind} takes requests without API keys")
     if reuse_port:
         if settings.server.admin_port is not None:
-            err_console.print("[red]--reuse-port serves one port: server.admin_port is set[/red]")
+            notice("[red]--reuse-port serves one port: server.admin_port is set[/red]")
             raise typer.Exit(2)
         from reach.hub.api.serve import reuse_port_socket, serve_on
 
         sock = reuse_port_socket(bind, port or settings.server.port)
-        serve_on(create_app(ctx, require_auth=require_auth, bind_host=bind), sock, limits)
+        serve_on(create_app(ctx, require_auth=require_auth, bind_host=bind), sock, limits, log)
         return
     if settings.server.admin_port is None:
         uvicorn.run(
             create_app(ctx, require_auth=require_auth, bind_host=bind),
             host=bind,
             port=port or settings.server.port,
-            **uvicorn_options(limits),
+            **uvicorn_options(limits, log),
         )
         return
     from reach.hub.api.app import Surface
@@ -128,6 +139,7 @@ def api(
             ),
         ],
         limits,
+        log,
     )
 
 
@@ -161,10 +173,12 @@ def worker(
 ) -> None:
     """Run a Celery worker (delivery, probing, sweeps)."""
     use_config(config)
-    load_settings_or_exit()
+    settings = load_settings_or_exit()
+    start_logging(settings, "worker")
     from reach.worker.app import app as celery_app
 
     argv = [
+        *_quiet(settings),
         "worker",
         f"--concurrency={concurrency}",
         f"--pool={pool.value}",
@@ -213,14 +227,24 @@ def beat(
 
     use_config(config)
     settings = load_settings_or_exit()
+    start_logging(settings, "beat")
     problem = database_revision_problem(settings.storage.resolved_database_url)
     if problem:  # the lock lives in the database
-        err_console.print(f"[red]database not ready:[/red] {problem}")
+        notice(f"[red]database not ready:[/red] {escape(problem)}", level=logging.ERROR)
         raise typer.Exit(2)
     from reach.worker.factory import BEAT_SCHEDULER, create_celery
+    from reach.worker.logs import install
 
     beat_app = create_celery(settings, task_modules=())  # it sends by name
-    beat_app.start(["beat", f"--loglevel={loglevel}", f"--scheduler={BEAT_SCHEDULER}"])
+    install(beat_app, settings, "beat")
+    beat_app.start(
+        [*_quiet(settings), "beat", f"--loglevel={loglevel}", f"--scheduler={BEAT_SCHEDULER}"]
+    )
+
+
+def _quiet(settings: Settings) -> list[str]:
+    """Celery's ``--quiet`` with JSON logs: its start-up banner is no log line."""
+    return ["--quiet"] if settings.logging.format == "json" else []
 
 
 def flower(port: Annotated[int, typer.Option(help="Flower port")] = 5555) -> None:
@@ -228,13 +252,17 @@ def flower(port: Annotated[int, typer.Option(help="Flower port")] = 5555) -> Non
     from reach.cli.flower import flower_refusal
 
     settings = load_settings_or_exit()
+    start_logging(settings, "flower")  # tornado adds no handler of its own to a set-up root
     refusal = flower_refusal(settings.storage.resolved_broker_url)
     if refusal:  # on the embedded broker Flower would start and show an empty page
-        err_console.print(refusal, markup=False, highlight=False)
+        if json_logs():
+            logging.getLogger("reach.cli").error(refusal)
+        else:
+            err_console.print(refusal, markup=False, highlight=False)
         raise typer.Exit(2)
     from reach.worker.app import app as celery_app
 
-    celery_app.start(["flower", f"--port={port}", "--address=127.0.0.1"])
+    celery_app.start([*_quiet(settings), "flower", f"--port={port}", "--address=127.0.0.1"])
 
 
 def register(app: typer.Typer) -> None:

@@ -20,6 +20,7 @@ not even ``kill -9`` of the supervisor leaves an orphan holding the port.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
 import socket
@@ -36,11 +37,14 @@ from typing import IO
 import requests
 from rich.console import Console
 from rich.markup import escape
+from rich.text import Text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from reach.cli.flower import flower_supported
 from reach.core.security.auth import auth_required, is_loopback_host, parse_secret
+from reach.core.security.networks import is_demo_hub
+from reach.hub import logs
 from reach.hub.settings import Settings
 from reach.hub.storage import upgrade_database
 
@@ -83,6 +87,7 @@ DEMO_SLOW_S = 30.0  # a demo agent not online by then gets a line pointing at it
 LOG_TAIL_LINES = 20
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 API_KEY_ENV = "REACH_API_KEY"  # what the SDK and the CLI read (reach.sdk.hub_client)
+LOOPBACK_AGENTS_ENV = "REACH_SECURITY__ALLOW_LOOPBACK_AGENTS"
 DEMO_KEY_TTL_S = 86_400.0
 DEMO_KEY_ACTOR = "cli:reach-up"
 
@@ -110,9 +115,16 @@ class StopRequest:
 
 
 class Screen:
-    """The supervisor's own lines; a closed terminal (SIGHUP) must not stop the shutdown."""
+    """The supervisor's own lines; a closed terminal (SIGHUP) must not stop the shutdown.
+    With JSON logs (``logging.format``) each is a log line of ``reach.cli.up``, its markup
+    dropped, and the children write JSON lines to their logs as well."""
 
     def say(self, text: str = "", *, to_stderr: bool = False) -> None:
+        if logs.configured_role() is not None:
+            if text.strip():
+                level = logging.WARNING if to_stderr else logging.INFO
+                logging.getLogger("reach.cli.up").log(level, Text.from_markup(text).plain.strip())
+            return
         try:
             (err_console if to_stderr else console).print(text)
         except OSError:  # EIO: the terminal went away (EPIPE lands in on_broken_pipe)
@@ -187,6 +199,10 @@ def _supervise(
         logs.mkdir(parents=True, exist_ok=True)
     hub_url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "REACH_HUB_URL": hub_url}
+    examples = find_examples_dir() if demo else None
+    opened = examples is not None and demo_needs_loopback(settings)
+    if opened:  # the demo agents listen on this machine's loopback, next to the hub
+        env[LOOPBACK_AGENTS_ENV] = "true"
     me = [sys.executable, "-m", "reach"]
 
     def spawn(name: str, argv: list[str], stage: int, key: str | None = None) -> None:
@@ -204,7 +220,6 @@ def _supervise(
         screen.say(f"[red]the hub did not start: {dead.name} {_fate(dead)}[/red]")
         _show_tail(screen, dead)
         return 1
-    examples = find_examples_dir() if demo else None
     demo_ids: list[str] = []
     if examples is not None:
         if _auth_on(settings) and not os.environ.get(API_KEY_ENV):
@@ -215,6 +230,11 @@ def _supervise(
             demo_ids.append(agent_id)
     for line in banner_lines(settings, hub_url, logs, made_keys=bool(keys.key_ids)):
         screen.say(line)
+    if opened:
+        screen.say(
+            "  agents     loopback agent addresses allowed for this run (the demo agents "
+            "run beside the hub); --no-demo keeps them refused"
+        )
     if demo and examples is None:
         screen.say("[yellow]examples/agents/ not found: no demo agents[/yellow]")
     elif demo_ids:
@@ -284,6 +304,16 @@ def _credentials_hint(made_keys: bool) -> str:
 
 def _auth_on(settings: Settings) -> bool:
     return auth_required(settings.security.require_auth, settings.server.host)
+
+
+def demo_needs_loopback(settings: Settings) -> bool:
+    """Whether the hub would refuse the demo agents' loopback addresses: it listens beyond
+    loopback or requires keys (the image's ``reach up`` on 0.0.0.0), and the operator did
+    not allow loopback agents already. ``reach up`` then allows them for its own children,
+    as a local demo hub does; with ``--no-demo`` nothing is opened."""
+    security = settings.security
+    demo_hub = is_demo_hub(security.require_auth, settings.server.host)
+    return not demo_hub and not security.allow_loopback_agents
 
 
 @dataclass
@@ -462,11 +492,19 @@ def _taken(host: str, port: int) -> bool:
     return False
 
 
-def find_examples_dir() -> Path | None:
-    for candidate in (
+def examples_candidates() -> tuple[Path, ...]:
+    """Where the demo agents may be, in order: the working directory's checkout, the
+    checkout this package runs from (an editable install), and the environment's share
+    folder, where the Docker image copies them (``COPY examples/agents/ …``)."""
+    return (
         Path.cwd() / "examples" / "agents",
         Path(__file__).resolve().parents[2] / "examples" / "agents",
-    ):
+        Path(sys.prefix) / "share" / "agent-reach" / "examples" / "agents",
+    )
+
+
+def find_examples_dir() -> Path | None:
+    for candidate in examples_candidates():
         if (candidate / DEMO_AGENTS[0][0]).exists():
             return candidate
     return None

@@ -74,6 +74,16 @@ class RegistryCollector(Collector):
             "1 for the instance's current status.",
             labels=[*labels, "status"],
         )
+        heartbeat_age = GaugeMetricFamily(
+            "agentreach_heartbeat_age_seconds",
+            "Seconds since the instance's last heartbeat (the hub's clock).",
+            labels=labels,
+        )
+        breaker = GaugeMetricFamily(
+            "agentreach_breaker_open",
+            "1 while the instance's circuit breaker is open (out of the routing pool).",
+            labels=labels,
+        )
         for row in self._rows():
             key = [row["agent_id"], row["instance_id"]]
             score.add_metric(key, row["reach_score"])
@@ -81,27 +91,56 @@ class RegistryCollector(Collector):
                 rtt.add_metric(key, row["rtt_ms"])
             loss.add_metric(key, row["loss_rate"])
             status.add_metric([*key, row["status"]], 1.0)
-        yield from (score, rtt, loss, status)
+            heartbeat_age.add_metric(key, row["heartbeat_age_s"])
+            breaker.add_metric(key, 1.0 if row["breaker_open"] else 0.0)
+        yield from (score, rtt, loss, status, heartbeat_age, breaker)
 
 
 class ApprovalsCollector(Collector):
-    """The pending-approvals gauge, counted in the store at scrape time."""
+    """The pending-approvals gauges, read in the store at scrape time: how many, and how
+    long the oldest has waited."""
 
-    def __init__(self, pending: Callable[[], int]) -> None:
+    def __init__(self, pending: Callable[[], tuple[int, float]]) -> None:
         self._pending = pending
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
+        count, oldest_s = self._pending()
         yield GaugeMetricFamily(
             "agentreach_approvals_pending",
             "Tasks parked until a human approves or rejects them.",
-            value=self._pending(),
+            value=count,
+        )
+        yield GaugeMetricFamily(
+            "agentreach_approvals_oldest_pending_seconds",
+            "Seconds the oldest pending approval has waited (0: none pending).",
+            value=oldest_s,
         )
 
 
+class OpenTasksCollector(Collector):
+    """The hub's queue depths: tasks not yet ended, by status, counted at scrape time."""
+
+    def __init__(self, counts: Callable[[], dict[str, int]]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "agentreach_tasks_open",
+            "Tasks not yet ended, by status (pending, dispatching, executing, waiting, "
+            "awaiting_approval).",
+            labels=["status"],
+        )
+        for status, count in sorted(self._counts().items()):
+            family.add_metric([status], count)
+        yield family
+
+
 def render(
-    rows: InstanceRows, pending_approvals: Callable[[], int] | None = None
+    rows: InstanceRows,
+    pending_approvals: Callable[[], tuple[int, float]] | None = None,
+    open_tasks: Callable[[], dict[str, int]] | None = None,
 ) -> tuple[bytes, str]:
-    """The text exposition of every process's counters plus the registry gauges."""
+    """The text exposition of every process's counters plus the store's gauges."""
     registry = CollectorRegistry()
     if os.environ.get(ENV):
         from prometheus_client import multiprocess
@@ -112,6 +151,8 @@ def render(
     registry.register(RegistryCollector(rows))
     if pending_approvals is not None:
         registry.register(ApprovalsCollector(pending_approvals))
+    if open_tasks is not None:
+        registry.register(OpenTasksCollector(open_tasks))
     return generate_latest(registry), CONTENT_TYPE_LATEST
 
 
@@ -129,7 +170,8 @@ RETRY_TOTAL = Counter("agentreach_router_retry_total", "Delivery retries schedul
 DEAD_LETTER_TOTAL = Counter("agentreach_router_dead_letter_total", "Tasks dead-lettered.")
 DELIVERY_SECONDS = Histogram(
     "agentreach_router_delivery_seconds",
-    "Hub-to-agent HTTP round trip of one delivery attempt.",
+    "Hub-to-agent round trip of one delivery attempt, by outcome.",
+    ["outcome"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 APPROVALS_TOTAL = Counter(

@@ -52,6 +52,7 @@ _SHORTCUTS = {
     "REACH_BROKER_URL": ("storage", "broker_url"),
     "REACH_RESULT_BACKEND": ("storage", "result_backend"),
     "REACH_HOME": ("storage", "home"),
+    "REACH_LOG_FORMAT": ("logging", "format"),
 }
 # Read by other parts of the system, not settings keys.
 _NOT_SETTINGS = {"REACH_CONFIG", "REACH_HUB_URL"}
@@ -772,6 +773,18 @@ class BlobSettings(_Section):
         return self
 
 
+class LoggingSettings(_Section):
+    """What the hub's processes log and how (``reach.hub.logs``): ``json`` writes one JSON
+    object a line, with the process's role and the task, attempt, agent and trace at hand."""
+
+    format: Literal["text", "json"] = Field(
+        "text", description="text: the libraries' own lines; json: one JSON object a line"
+    )
+    access_log: bool = Field(
+        False, description="the API logs a line per HTTP request (method, path, status)"
+    )
+
+
 class Settings(BaseSettings):
     """Every section of the hub's configuration.
 
@@ -802,6 +815,7 @@ class Settings(BaseSettings):
     a2a: A2aSettings = A2aSettings()
     alerts: AlertSettings = AlertSettings()
     blobs: BlobSettings = BlobSettings()
+    logging: LoggingSettings = LoggingSettings()
 
     @classmethod
     def settings_customise_sources(

@@ -12,13 +12,14 @@ from typing import Any
 from celery import signals
 
 from reach.hub.settings import load_settings
-from reach.worker import exchanges
+from reach.worker import exchanges, logs
 from reach.worker.context import HubContext
 from reach.worker.factory import create_celery
 from reach.worker.slots import SlotReporter, slots_of
 
 settings = load_settings()
 app = create_celery(settings)
+logs.install(app, settings, "worker")  # JSON lines when logging.format says so
 
 
 @lru_cache(maxsize=1)

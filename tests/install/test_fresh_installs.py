@@ -190,7 +190,7 @@ def agent_online(hub: str, proc: VenvProcess) -> bool:
 
 @pytest.mark.parametrize(
     "module",
-    ["celery", "kombu", "sqlalchemy", "fastapi", "uvicorn", "a2a", "torch", "transformers"],
+    ["celery", "kombu", "sqlalchemy", "fastapi", "uvicorn", "a2a", "mcp", "torch", "transformers"],
 )
 def test_sdk_install_lacks_the_hubs_packages(sdk_venv: Path, module: str, tmp_path: Path) -> None:
     r = subprocess.run(

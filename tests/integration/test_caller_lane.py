@@ -1,9 +1,11 @@
-"""A flood of callers' submits cannot take the threads agents need (`reach.hub.api.lanes`).
+"""A flood of callers' submits cannot take the threads agents need (`reach.hub.api.lanes`),
+nor a background flood the threads online submits need.
 
 The flood is made to wait where a real one does: every submit to an agent takes that
 agent's queue lock (`reach.hub.flow.admission`), and here the test holds the lock, so the
 submits pile up inside their transactions. A real `reach api` on PostgreSQL; another
-agent's heartbeat must still be answered, and every submit lands once the lock is free.
+agent's heartbeat (or, behind a background flood, an online submit to another agent) must
+still be answered, and every submit lands once the lock is free.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import psycopg
 import pytest
 import requests
 
+from reach.core.flow.priority import lane_tokens
 from reach.hub.api.lanes import CallerLane, caller_tokens
 from reach.hub.flow import admission
 from tests.support.stores import PG_ADMIN_DSN
@@ -93,7 +96,8 @@ def test_heartbeats_are_answered_while_submits_pile_up(hub_api: str, store_url: 
             assert beat.status_code == 200, beat.text
             assert time.monotonic() - started < 5
             assert not any(a.done() for a in answers)  # still held: the beat did not wait
-            assert _waiting_on_locks(database) == caller_tokens(20)  # the lane's tokens, no more
+            online_tokens, _ = lane_tokens(caller_tokens(20))
+            assert _waiting_on_locks(database) == online_tokens  # the lane's tokens, no more
 
             lock.execute("SELECT pg_advisory_unlock_all()")
             codes: list[Any] = [a.result(timeout=60).status_code for a in answers]
@@ -104,3 +108,58 @@ def test_heartbeats_are_answered_while_submits_pile_up(hub_api: str, store_url: 
         lock.close()
     assert codes == [201] * FLOOD
     assert stored == (FLOOD,)
+
+
+@pytest.mark.parametrize(
+    "store_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
+def test_an_online_submit_passes_a_background_flood_held_at_its_agent(
+    hub_api: str, store_url: str
+) -> None:
+    _register(hub_api, "batch", 9)
+    _register(hub_api, "chat", 7)  # nobody listens on either: the tasks just wait
+    database = store_url.rsplit("/", 1)[1]
+    prefix = f"bg-{uuid.uuid4().hex[:6]}-"
+    flood = 3 * caller_tokens(20)  # more than every caller token there is
+
+    def submit(n: int) -> requests.Response:
+        return requests.post(
+            f"{hub_api}/v1/tasks",
+            json={
+                "agent_id": "batch",
+                "method": "m",
+                "task_id": f"{prefix}{n}",
+                "priority": "background",
+            },
+            timeout=60,
+        )
+
+    lock = psycopg.connect(store_url.replace("postgresql+psycopg", "postgresql"), autocommit=True)
+    try:
+        lock.execute(
+            "SELECT pg_advisory_lock(%s, %s)",
+            (admission._LOCK_SPACE, admission._lock_key("batch")),
+        )
+        with ThreadPoolExecutor(max_workers=flood) as pool:
+            answers = [pool.submit(submit, n) for n in range(flood)]
+            _, background_tokens = lane_tokens(caller_tokens(20))
+            wait_until(
+                lambda: _waiting_on_locks(database) == background_tokens,
+                timeout=20,
+                what="the background lane's submits at the lock",
+            )
+            # an online submit to another agent is accepted while the flood still waits
+            online = requests.post(
+                f"{hub_api}/v1/tasks",
+                json={"agent_id": "chat", "method": "m", "priority": "online"},
+                timeout=30,
+            )
+            assert online.status_code == 201, online.text
+            assert not any(a.done() for a in answers)  # the flood was still held
+            assert _waiting_on_locks(database) == background_tokens  # its lane's tokens only
+
+            lock.execute("SELECT pg_advisory_unlock_all()")
+            codes: list[Any] = [a.result(timeout=60).status_code for a in answers]
+    finally:
+        lock.close()
+    assert codes == [201] * flood

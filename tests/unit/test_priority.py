@@ -14,6 +14,7 @@ from reach.core.flow.priority import (
     admit_background,
     background_limit,
     defer_delay,
+    lane_tokens,
     queue_for,
 )
 
@@ -94,3 +95,19 @@ def test_a_larger_share_lets_more_background_run() -> None:
     load = Load(online_waiting=True, background_busy=3, slots=4, deferred_s=None)
     assert not admit_background(load, PriorityPolicy(background_share=0.5)).run
     assert admit_background(load, PriorityPolicy(background_share=1.0)).run
+
+
+@pytest.mark.parametrize(
+    ("caller_tokens", "online", "background"),
+    [
+        (10, 8, 2),  # the default pool of 20: half of it for callers
+        (250, 188, 62),
+        (4, 3, 1),
+        (2, 1, 1),  # at least one each
+        (1, 1, 1),
+    ],
+)
+def test_background_submits_get_a_quarter_of_the_callers_tokens(
+    caller_tokens: int, online: int, background: int
+) -> None:
+    assert lane_tokens(caller_tokens) == (online, background)

@@ -27,6 +27,17 @@ short message per tick, and a hub whose probes starve behind sustained delivery 
 stops knowing which agents can take work."""
 
 
+def lane_tokens(caller_tokens: int) -> tuple[int, int]:
+    """How the API's callers' tokens split: (online, background), at least one each.
+
+    Background submits take a quarter of them, online ones the rest. A submit holds its
+    token (a thread and a database connection) while it waits for its agent's queue lock,
+    so a flood of background submits to one agent, queued on that agent's lock, would
+    otherwise hold every token and an online submit to any agent would wait behind it."""
+    background = max(1, caller_tokens // 4)
+    return max(1, caller_tokens - background), background
+
+
 def queue_for(priority: str | None) -> str:
     """The delivery queue of a task's attempts (anything but background is online)."""
     return BACKGROUND_QUEUE if priority == BACKGROUND else ONLINE_QUEUE

@@ -31,6 +31,7 @@ from reach.hub.api.routes.dagruns import dag_router
 from reach.hub.api.routes.fleet import fleet_router
 from reach.hub.api.routes.listings import listing_router
 from reach.hub.api.routes.matching import match_router
+from reach.hub.api.routes.mcp import install_mcp
 from reach.hub.api.routes.service import health_router, jwks_router, metrics_router
 from reach.hub.api.routes.sessions import session_router
 from reach.hub.api.routes.streams import dag_stream_router, stream_router
@@ -40,6 +41,7 @@ from reach.hub.context import HubContext
 from reach.hub.fleet.reachability import agent_rule
 from reach.hub.flow import admission
 from reach.hub.flow.memory import MemoryGauge
+from reach.hub.interop.mcp.server import McpService
 from reach.hub.ledger.streams import StreamHub
 from reach.hub.ledger.wakeups import Waiters
 
@@ -72,12 +74,14 @@ def create_app(
     network = agent_rule(ctx.settings, demo)
     waiters = Waiters()
     stream_hub = StreamHub(ctx, waiters)  # progress streams share one feed per task
+    mcp: McpService | None = None  # the MCP endpoint's transport, on the public surface
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         waiters.start(ctx.completions, asyncio.get_running_loop())
         try:
-            yield
+            async with mcp.running() if mcp is not None else contextlib.nullcontext():
+                yield
         finally:
             waiters.stop()
 
@@ -127,6 +131,7 @@ def create_app(
         app.include_router(session_router(ctx))
         app.include_router(blob_router(ctx))  # large payloads by reference
         app.include_router(a2a_router(ctx, intake, require_auth, waiters, stream_hub))  # A2A
+        mcp = install_mcp(app, ctx, intake, waiters, stream_hub, demo=demo)  # MCP at /mcp
     if surface in (Surface.ALL, Surface.ADMIN):
         app.include_router(fleet_router(ctx))
         app.include_router(metrics_router(ctx))

@@ -14,6 +14,7 @@ from fastapi import FastAPI
 
 from reach.hub.api import edge
 from reach.hub.api.edge import EdgeLimits
+from reach.hub.settings import LoggingSettings
 
 
 class _Server(uvicorn.Server):
@@ -29,24 +30,34 @@ class _Server(uvicorn.Server):
 KEEP_ALIVE_S = 75
 
 
-def uvicorn_options(limits: EdgeLimits) -> dict[str, Any]:
-    """uvicorn's options for the API: its keep-alive, and its HTTP protocol with the edge's
-    limits (`reach.hub.api.edge`)."""
-    return {
+def uvicorn_options(limits: EdgeLimits, log: LoggingSettings | None = None) -> dict[str, Any]:
+    """uvicorn's options for the API: its keep-alive, its HTTP protocol with the edge's
+    limits (`reach.hub.api.edge`) and its logging (``logging``: with JSON lines uvicorn
+    installs no formatter of its own and its loggers write through the root's handler)."""
+    options: dict[str, Any] = {
         "log_level": "info",
-        "access_log": False,
+        "access_log": bool(log and log.access_log),
         "timeout_keep_alive": KEEP_ALIVE_S,
         "http": edge.protocol(limits),
     }
+    if log is not None and log.format == "json":
+        options["log_config"] = None
+    return options
 
 
-def config(app: FastAPI, limits: EdgeLimits, **where: Any) -> uvicorn.Config:
+def config(
+    app: FastAPI, limits: EdgeLimits, log: LoggingSettings | None = None, **where: Any
+) -> uvicorn.Config:
     """`uvicorn_options` as a ``uvicorn.Config``; ``where`` is ``host`` and ``port`` if any."""
-    return uvicorn.Config(app, **uvicorn_options(limits), **where)
+    return uvicorn.Config(app, **uvicorn_options(limits, log), **where)
 
 
-def serve_together(apps: Sequence[tuple[FastAPI, str, int]], limits: EdgeLimits) -> None:
-    servers = [_Server(config(app, limits, host=host, port=port)) for app, host, port in apps]
+def serve_together(
+    apps: Sequence[tuple[FastAPI, str, int]],
+    limits: EdgeLimits,
+    log: LoggingSettings | None = None,
+) -> None:
+    servers = [_Server(config(app, limits, log, host=host, port=port)) for app, host, port in apps]
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -80,6 +91,8 @@ def reuse_port_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve_on(app: FastAPI, sock: socket.socket, limits: EdgeLimits) -> None:
+def serve_on(
+    app: FastAPI, sock: socket.socket, limits: EdgeLimits, log: LoggingSettings | None = None
+) -> None:
     """Serve ``app`` on an already bound socket (`reuse_port_socket`)."""
-    uvicorn.Server(config(app, limits)).run(sockets=[sock])
+    uvicorn.Server(config(app, limits, log)).run(sockets=[sock])

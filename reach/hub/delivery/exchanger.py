@@ -45,6 +45,7 @@ from reach.core.interop import a2a as a2a_rules
 from reach.core.interop.channel import redacted
 from reach.core.security.networks import NetworkRule
 from reach.errors import HubUnavailable
+from reach.hub import logs
 from reach.hub.delivery.claims import renew
 from reach.hub.delivery.pipeline import Pipeline
 from reach.hub.delivery.routing import Dispatch
@@ -130,6 +131,7 @@ class Exchanger:
             self._spawn(self._renew_forever())
 
     async def _exchange(self, d: Dispatch) -> None:
+        logs.bind_task(d.task_id, d.attempt_seq, d.agent_id)  # this asyncio task's lines
         loop = asyncio.get_running_loop()
 
         async def progress(update: a2a_rules.Progress) -> None:
@@ -237,15 +239,17 @@ class Exchanger:
     # -- recording (the exchanger's threads) ----------------------------------------------
 
     def _conclude(self, d: Dispatch, exchanged: Exchanged, elapsed: float) -> None:
-        try:
-            retry = self._record(d, exchanged, elapsed)
-            if retry is not None:
-                try:
-                    self.publish([retry])
-                except Exception as exc:  # the outbox holds it: the relay publishes it
-                    log.warning("retry of %s left to the relay: %s", d.task_id, exc)
-        finally:
-            self._ended(d)
+        # a recorder thread: run_in_executor carries no context of the exchange's
+        with logs.task_context(d.task_id, d.attempt_seq, d.agent_id):
+            try:
+                retry = self._record(d, exchanged, elapsed)
+                if retry is not None:
+                    try:
+                        self.publish([retry])
+                    except Exception as exc:  # the outbox holds it: the relay publishes it
+                        log.warning("retry of %s left to the relay: %s", d.task_id, exc)
+            finally:
+                self._ended(d)
 
     def _record(self, d: Dispatch, exchanged: Exchanged, elapsed: float) -> Publish | None:
         for wait in (*RECORD_RETRY_S, None):

@@ -27,7 +27,7 @@ from reach.core.delivery.retry import Outcome, classify
 from reach.core.flow.priority import BACKGROUND
 from reach.core.interop import a2a as a2a_rules
 from reach.core.security.auth import ANONYMOUS
-from reach.hub import metrics
+from reach.hub import logs, metrics
 from reach.hub.delivery.claims import claim
 from reach.hub.delivery.outcomes import record_outcome
 from reach.hub.delivery.policy import DeliveryPolicy
@@ -72,12 +72,16 @@ class Pipeline:
     shared: SharedCounts | None = None
     links: LinkWatch | None = None  # counts reaches by tags or capability by routed agent
 
-    @database_outage("delivery of an attempt")
     def begin(self, task_id: str, attempt_seq: int) -> Dispatch | Publish | None:
         """Claim the attempt, route it and sign it: the `Dispatch` to exchange, or a
         retry to publish (no route, a breaker or a budget to wait for), or None (nothing
         to do: a duplicate message, a closed session, a background attempt deferred for
         online work, which the outbox relay publishes when due)."""
+        with logs.task_context(task_id=task_id, attempt=attempt_seq):
+            return self._begin(task_id, attempt_seq)
+
+    @database_outage("delivery of an attempt")
+    def _begin(self, task_id: str, attempt_seq: int) -> Dispatch | Publish | None:
         now, dpolicy, rng = self.now, self.dpolicy, self.rng
         budget_wait = None  # a re-send beyond its target's retry budget (read before claim)
         if attempt_seq > 1 and self.shared is not None:
@@ -158,14 +162,19 @@ class Pipeline:
     def record_progress(self, d: Dispatch, update: a2a_rules.Progress) -> None:
         """A status update a streaming (A2A) exchange brought, as the task's progress
         while the attempt holds its lease (blocking: call it on a thread)."""
-        a2a_exchange.record_progress(self.db, d.task_id, d.token, update, self.now())
+        with logs.task_context(d.task_id, d.attempt_seq, d.agent_id):
+            a2a_exchange.record_progress(self.db, d.task_id, d.token, update, self.now())
 
-    @database_outage("recording an attempt's answer")
     def conclude(self, d: Dispatch, exchanged: Exchanged, elapsed: float) -> Publish | None:
         """Record how the exchange ended; a retry to publish, if one was scheduled."""
+        with logs.task_context(d.task_id, d.attempt_seq, d.agent_id):
+            return self._conclude(d, exchanged, elapsed)
+
+    @database_outage("recording an attempt's answer")
+    def _conclude(self, d: Dispatch, exchanged: Exchanged, elapsed: float) -> Publish | None:
         answer = exchanged.answer
-        metrics.DELIVERY_SECONDS.observe(elapsed)
         outcome = classify(answer.status, answer.body)
+        metrics.DELIVERY_SECONDS.labels(outcome.value).observe(elapsed)
         metrics.DELIVERY_TOTAL.labels(outcome.value).inc()
         if self.candidates is not None and outcome not in (
             Outcome.SUCCESS,

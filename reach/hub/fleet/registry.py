@@ -720,6 +720,8 @@ def instance_gauges(session: Session, now: float, policy: Policy) -> list[dict[s
                 "rtt_ms": row.rtt_ms,
                 "loss_rate": row.loss_rate,
                 "status": verdict.status.value,
+                "heartbeat_age_s": max(0.0, now - row.last_heartbeat),
+                "breaker_open": row.breaker_open_until is not None and now < row.breaker_open_until,
             }
         )
     return out

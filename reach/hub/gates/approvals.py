@@ -66,7 +66,7 @@ __all__ = [
     "get",
     "list_approvals",
     "park",
-    "pending_count",
+    "pending_gauges",
     "reject",
     "required",
     "view",
@@ -200,14 +200,15 @@ def list_approvals(
     return list(session.scalars(query))
 
 
-def pending_count(session: Session) -> int:
-    """The pending-approvals gauge (read at scrape time, right in every process)."""
-    count = session.scalar(
-        select(func.count())
-        .select_from(ApprovalRow)
-        .where(ApprovalRow.status == ApprovalStatus.PENDING)
-    )
-    return int(count or 0)
+def pending_gauges(session: Session, now: float) -> tuple[int, float]:
+    """How many approvals are pending, and how long the oldest has waited (0 if none):
+    the gauges read at scrape time."""
+    count, oldest = session.execute(
+        select(func.count(), func.min(ApprovalRow.requested_at)).where(
+            ApprovalRow.status == ApprovalStatus.PENDING
+        )
+    ).one()
+    return int(count or 0), 0.0 if oldest is None else max(0.0, now - float(oldest))
 
 
 def view(row: ApprovalRow) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from reach.errors import (
     SemanticMatchingOff,
     TaskConflict,
 )
+from reach.hub import logs
 from reach.hub.blobs import records as blobs
 from reach.hub.fleet.matching import Matcher
 from reach.hub.fleet.registry import (
@@ -161,98 +162,103 @@ def submit(
                 )
             return task_view(existing), False
     task_id = req.task_id or f"t-{uuid.uuid4().hex}"
-    if principal is not None:  # only its owner's reaches; opened on first use
-        bind_session(session, req.session_id, principal, now)
-    else:
-        check_session_open(session, req.session_id, now)  # a closed session takes no new reach
-    accepted: dict[str, Any] = {}
-    if req.intent is not None:
-        req, accepted = _match(session, req, now, matcher)
-        target = {**target_of(req), "intent": accepted["intent"], "asked": asked}
-    method = req.method
-    if method is None:  # the schema requires it without an intent; a match sets it
-        raise InvalidTaskRequest("method: required (or give an intent)")
-    decls = _check_target(session, req, method, now, task_id=task_id, caller=caller, l3_cap=l3_cap)
-    trace = (
-        req.trace.model_dump()
-        if req.trace
-        else {"root_id": task_id, "parent_task_id": None, "hops": 0, "path": []}
-    )
-    if loop_guard is not None:  # the hub's own trace, loop-checked (`reach.hub.flow.loops`)
-        trace = loop_guard.trace_for(session, req, task_id, caller, list(decls))
-    values = {
-        "task_id": task_id,
-        "agent_id": req.agent_id,
-        "target": target,
-        "method": method,
-        "payload": req.payload,
-        "status": TaskStatus.PENDING,
-        "attempt_seq": 1,
-        "idempotency_key": task_id,
-        "session_id": req.session_id,
-        "trace": trace,
-        "timeout_ms": req.timeout_ms,
-        "created_at": now,
-        "updated_at": now,
-        "next_attempt_at": now,
-        "retries": 0,
-        "redeliveries": 0,
-        "deferrals": 0,
-        "max_retry": max_retry,
-        "last_published_at": published_at,
-        "caller": caller,
-        "priority": req.priority,
-    }
-    if req.callback_url:  # its URL was checked at the edge (reach.hub.notify.callbacks.check_url)
-        values["callback_url"] = req.callback_url
-        callbacks.register(
-            session, task_id, req.callback_url, req.callback_context, req.callback_progress, now
+    with logs.task_context(task_id=task_id, agent_id=req.agent_id):  # its log lines name it
+        if principal is not None:  # only its owner's reaches; opened on first use
+            bind_session(session, req.session_id, principal, now)
+        else:
+            check_session_open(session, req.session_id, now)  # a closed session takes no new reach
+        accepted: dict[str, Any] = {}
+        if req.intent is not None:
+            req, accepted = _match(session, req, now, matcher)
+            target = {**target_of(req), "intent": accepted["intent"], "asked": asked}
+        method = req.method
+        if method is None:  # the schema requires it without an intent; a match sets it
+            raise InvalidTaskRequest("method: required (or give an intent)")
+        decls = _check_target(
+            session, req, method, now, task_id=task_id, caller=caller, l3_cap=l3_cap
         )
-    if req.payload_ref is not None:  # the caller's blob goes with this task from now on
-        if principal is None:
-            raise InvalidTaskRequest("payload_ref: only a caller's submit may carry one")
-        blobs.bind(session, req.payload_ref, principal, task_id)
-        values["payload_ref"] = req.payload_ref
-    if approvals.required(decls.values(), method, req.capability, approval):
-        approvals.park(session, values, now, approval, capability=req.capability or method)
-        view = {name: values.get(name) for name in VIEW_COLUMNS}
-        view["status"] = TaskStatus.AWAITING_APPROVAL
-        return view, True
-    named = bool(req.agent_id)
-    admission.admit(session, list(decls), limits, now, named=named, task_id=req.task_id)
-    if loop_guard is not None and loop_guard.observe(session, caller, trace, req.agent_id, now):
-        values["priority"] = "background"  # a link suspected of a dependency loop
-    # plain inserts (the hot path of every submit: the ORM's unit of work cost more)
-    conn = session.connection()
-    conn.execute(_ADD_TASK, values)
-    conn.execute(
-        _ADD_EVENT,
-        {
+        trace = (
+            req.trace.model_dump()
+            if req.trace
+            else {"root_id": task_id, "parent_task_id": None, "hops": 0, "path": []}
+        )
+        if loop_guard is not None:  # the hub's own trace, loop-checked (`reach.hub.flow.loops`)
+            trace = loop_guard.trace_for(session, req, task_id, caller, list(decls))
+        values = {
             "task_id": task_id,
             "agent_id": req.agent_id,
-            "instance_id": None,
+            "target": target,
+            "method": method,
+            "payload": req.payload,
+            "status": TaskStatus.PENDING,
             "attempt_seq": 1,
-            "kind": "accepted",
-            "detail": {"target": target, **accepted},
-            "at": now,
-            "actor": caller,
-        },
-    )
-    conn.execute(
-        _ADD_OUTBOX,
-        {
-            "task_id": task_id,
-            "agent_id": target_key(target),
-            "attempt_seq": 1,
-            "message": attempt_message(task_id, 1, str(values["priority"])),
+            "idempotency_key": task_id,
+            "session_id": req.session_id,
+            "trace": trace,
+            "timeout_ms": req.timeout_ms,
             "created_at": now,
-            "available_at": now,
-            "published_at": published_at,
-        },
-    )
-    # the view of a row just written: what it holds, None for what it does not yet
-    view = {name: values.get(name) for name in VIEW_COLUMNS}
-    return view, True
+            "updated_at": now,
+            "next_attempt_at": now,
+            "retries": 0,
+            "redeliveries": 0,
+            "deferrals": 0,
+            "max_retry": max_retry,
+            "last_published_at": published_at,
+            "caller": caller,
+            "priority": req.priority,
+        }
+        if (
+            req.callback_url
+        ):  # its URL was checked at the edge (reach.hub.notify.callbacks.check_url)
+            values["callback_url"] = req.callback_url
+            callbacks.register(
+                session, task_id, req.callback_url, req.callback_context, req.callback_progress, now
+            )
+        if req.payload_ref is not None:  # the caller's blob goes with this task from now on
+            if principal is None:
+                raise InvalidTaskRequest("payload_ref: only a caller's submit may carry one")
+            blobs.bind(session, req.payload_ref, principal, task_id)
+            values["payload_ref"] = req.payload_ref
+        if approvals.required(decls.values(), method, req.capability, approval):
+            approvals.park(session, values, now, approval, capability=req.capability or method)
+            view = {name: values.get(name) for name in VIEW_COLUMNS}
+            view["status"] = TaskStatus.AWAITING_APPROVAL
+            return view, True
+        named = bool(req.agent_id)
+        admission.admit(session, list(decls), limits, now, named=named, task_id=req.task_id)
+        if loop_guard is not None and loop_guard.observe(session, caller, trace, req.agent_id, now):
+            values["priority"] = "background"  # a link suspected of a dependency loop
+        # plain inserts (the hot path of every submit: the ORM's unit of work cost more)
+        conn = session.connection()
+        conn.execute(_ADD_TASK, values)
+        conn.execute(
+            _ADD_EVENT,
+            {
+                "task_id": task_id,
+                "agent_id": req.agent_id,
+                "instance_id": None,
+                "attempt_seq": 1,
+                "kind": "accepted",
+                "detail": {"target": target, **accepted},
+                "at": now,
+                "actor": caller,
+            },
+        )
+        conn.execute(
+            _ADD_OUTBOX,
+            {
+                "task_id": task_id,
+                "agent_id": target_key(target),
+                "attempt_seq": 1,
+                "message": attempt_message(task_id, 1, str(values["priority"])),
+                "created_at": now,
+                "available_at": now,
+                "published_at": published_at,
+            },
+        )
+        # the view of a row just written: what it holds, None for what it does not yet
+        view = {name: values.get(name) for name in VIEW_COLUMNS}
+        return view, True
 
 
 _ADD_TASK = insert(cast(Table, TaskRow.__table__))

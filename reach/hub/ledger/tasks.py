@@ -23,7 +23,7 @@ import random
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
-from sqlalchemy import ColumnElement, Table, bindparam, insert, select, update
+from sqlalchemy import ColumnElement, Table, bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from reach.core.delivery.retry import RetryPolicy, backoff_delay, should_retry
@@ -370,3 +370,20 @@ def fail_transient(
     return schedule_retry(
         session, task, now, delay, reason, {"error": error, "retry": task.retries}
     )
+
+
+OPEN_STATUSES = tuple(s.value for s in TaskStatus if s not in TERMINAL)
+
+
+def open_counts(session: Session) -> dict[str, int]:
+    """Tasks not yet ended, by status, every open status named (0 included): the hub's
+    queue depths, read at scrape time (``ix_tasks_status_next_attempt`` leads with status)."""
+    counts = dict.fromkeys(OPEN_STATUSES, 0)
+    rows = session.execute(
+        select(TaskRow.status, func.count())
+        .where(TaskRow.status.in_(OPEN_STATUSES))
+        .group_by(TaskRow.status)
+    )
+    for status, count in rows:
+        counts[str(status)] = int(count)
+    return counts

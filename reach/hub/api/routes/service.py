@@ -15,6 +15,7 @@ from reach.hub.api.auth import require
 from reach.hub.context import HubContext
 from reach.hub.fleet import registry
 from reach.hub.gates import approvals
+from reach.hub.ledger import tasks as ledger
 from reach.hub.security import signing
 
 ReadsFleet = Depends(require(Action.READ_FLEET))
@@ -57,11 +58,15 @@ def metrics_router(ctx: HubContext) -> APIRouter:
             with ctx.reading() as session:
                 return registry.instance_gauges(session, ctx.clock.now(), ctx.policy)
 
-        def pending_approvals() -> int:
+        def pending_approvals() -> tuple[int, float]:
             with ctx.reading() as session:
-                return approvals.pending_count(session)
+                return approvals.pending_gauges(session, ctx.clock.now())
 
-        body, content_type = metrics.render(rows, pending_approvals)
+        def open_tasks() -> dict[str, int]:
+            with ctx.reading() as session:
+                return ledger.open_counts(session)
+
+        body, content_type = metrics.render(rows, pending_approvals, open_tasks)
         return Response(body, media_type=content_type)
 
     return router

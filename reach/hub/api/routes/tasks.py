@@ -24,9 +24,10 @@ from reach.errors import (
     TaskConflict,
     UnknownTask,
 )
+from reach.hub import logs
 from reach.hub.api import links
 from reach.hub.api.auth import not_yours, require
-from reach.hub.api.lanes import CallerLane, caller_tokens
+from reach.hub.api.lanes import CallerLanes, caller_tokens
 from reach.hub.context import HubContext
 from reach.hub.delivery import reports
 from reach.hub.flow import admission, loops
@@ -82,9 +83,10 @@ def task_router(ctx: HubContext, intake: Intake, waiters: Waiters | None = None)
         task_id = view["task_id"]
         queued = created and view["status"] != TaskStatus.AWAITING_APPROVAL  # parked: no attempt
         first_attempt = Publish(task_id, 1, 0.0, queue_for(view.get("priority")))
+        lane = intake.lanes.of(body.priority)
         if not wait:
             if queued:
-                await intake.lane.run(ctx.publish_premarked, first_attempt)
+                await lane.run(ctx.publish_premarked, first_attempt)
             return JSONResponse(view, status_code=status)
         published = not queued
         views = iter([view])
@@ -104,7 +106,7 @@ def task_router(ctx: HubContext, intake: Intake, waiters: Waiters | None = None)
             waiters=waiters,
             keys=[task_id],
             carried=True,
-            run=intake.lane.run,
+            run=lane.run,
         )
         return JSONResponse(final, status_code=status)
 
@@ -123,7 +125,7 @@ def task_router(ctx: HubContext, intake: Intake, waiters: Waiters | None = None)
             waiters=waiters,
             keys=[task_id],
             carried=True,
-            run=intake.lane.run,  # a caller's read: never ahead of agents' reports
+            run=intake.lanes.online.run,  # a caller's read: never ahead of agents' reports
         )
 
     @router.post("/{task_id}/result", responses={404: {}, 409: {}})
@@ -159,14 +161,15 @@ def task_router(ctx: HubContext, intake: Intake, waiters: Waiters | None = None)
                 return decided, str(status)  # a retry, published below once committed
             return {"task_id": task_id, "decided": decided, "status": status}
 
-        answer = ctx.write(work, conflict=TaskConflict)
-        if isinstance(answer, StaleReport):
-            raise answer
-        if isinstance(answer, tuple):
-            retry, status = answer
-            ctx.publish_attempts([retry])
-            return {"task_id": task_id, "decided": False, "status": status}
-        return answer
+        with logs.task_context(task_id, body.attempt_seq):  # the lines of this report
+            answer = ctx.write(work, conflict=TaskConflict)
+            if isinstance(answer, StaleReport):
+                raise answer
+            if isinstance(answer, tuple):
+                retry, status = answer
+                ctx.publish_attempts([retry])
+                return {"task_id": task_id, "decided": False, "status": status}
+            return answer
 
     @router.post("/{task_id}/progress", responses={404: {}, 409: {}})
     def report_progress(
@@ -190,7 +193,8 @@ def task_router(ctx: HubContext, intake: Intake, waiters: Waiters | None = None)
                 grace=ctx.delivery_policy.watchdog_grace,
             )
 
-        refused = ctx.write(work, conflict=TaskConflict)
+        with logs.task_context(task_id, body.attempt_seq):
+            refused = ctx.write(work, conflict=TaskConflict)
         if refused is not None:
             raise refused
         return {"task_id": task_id, "recorded": not body.keepalive}
@@ -237,14 +241,15 @@ class Intake:
         self.limits = admission.Limits.of(ctx.settings)
         self.loop_guard = loops.LoopGuard.of(ctx.settings.router, ctx.shared_counts)
         self.refusals = BackpressureLog()
-        self.lane = CallerLane(caller_tokens(ctx.settings.storage.pool_size))
+        self.lanes = CallerLanes(caller_tokens(ctx.settings.storage.pool_size))
 
     async def accept(
         self, body: SubmitRequest, submitter: Principal
     ) -> tuple[dict[str, Any], bool]:
         ctx = self.ctx
+        lane = self.lanes.of(body.priority)  # a background flood never holds online's tokens
         if body.callback_url:  # SSRF guard, before anything is written (resolves: a thread)
-            await self.lane.run(callbacks.check_url, body.callback_url, ctx.settings.callbacks)
+            await lane.run(callbacks.check_url, body.callback_url, ctx.settings.callbacks)
 
         def accept() -> tuple[dict[str, Any], bool] | ReachError:
             attempts = 0
@@ -283,7 +288,7 @@ class Intake:
                     guard.resolved(ctx.write, done[0].get("agent_id"), ctx.clock.now())
             return done
 
-        accepted = await self.lane.run(accept)
+        accepted = await lane.run(accept)
         if isinstance(accepted, ReachError):
             raise accepted
         return accepted
