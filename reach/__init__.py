@@ -12,6 +12,7 @@ from reach.errors import (
     ApprovalExpired,
     ApprovalRejected,
     Backpressure,
+    BlobTaken,
     BusinessError,
     CallbackRefused,
     CircuitOpen,
@@ -23,6 +24,7 @@ from reach.errors import (
     HubOverloaded,
     HubUnavailable,
     IllegalTransition,
+    InvalidBlobLink,
     InvalidPayload,
     InvalidReachToken,
     InvalidRegistration,
@@ -47,6 +49,7 @@ from reach.errors import (
     TooManyAuthFailures,
     Unauthenticated,
     UnknownAgent,
+    UnknownBlob,
     UnknownInstance,
     UnknownSession,
     UnknownTask,
@@ -78,6 +81,9 @@ _LAZY = {
     "StreamEvent": "reach.sdk.stream",
     "stream": "reach.sdk.stream",
     "TLSConfig": "reach.sdk.tls",
+    "payload_blob": "reach.sdk.blobs",
+    "payload_blob_ref": "reach.sdk.blobs",
+    "put_blob": "reach.sdk.blobs",
     "verify_webhook": "reach.sdk.webhooks",
 }
 
@@ -88,6 +94,7 @@ _LAZY_MODULES = frozenset({"aio"})
 if TYPE_CHECKING:
     from reach import aio
     from reach.sdk.agent import Agent
+    from reach.sdk.blobs import payload_blob, payload_blob_ref, put_blob
     from reach.sdk.callbacks import verify_callback
     from reach.sdk.caller import (
         BroadcastResult,
@@ -138,6 +145,7 @@ __all__ = [
     "ApprovalExpired",
     "ApprovalRejected",
     "Backpressure",
+    "BlobTaken",
     "BroadcastResult",
     "BusinessError",
     "CallbackRefused",
@@ -151,6 +159,7 @@ __all__ = [
     "HubOverloaded",
     "HubUnavailable",
     "IllegalTransition",
+    "InvalidBlobLink",
     "InvalidPayload",
     "InvalidReachToken",
     "InvalidRegistration",
@@ -180,6 +189,7 @@ __all__ = [
     "TooManyAuthFailures",
     "Unauthenticated",
     "UnknownAgent",
+    "UnknownBlob",
     "UnknownInstance",
     "UnknownSession",
     "UnknownTask",
@@ -191,6 +201,9 @@ __all__ = [
     "get_session",
     "get_task",
     "open_session",
+    "payload_blob",
+    "payload_blob_ref",
+    "put_blob",
     "report_progress",
     "report_result",
     "send",

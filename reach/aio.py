@@ -28,8 +28,8 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from reach.errors import ReachError
-from reach.sdk import trace
-from reach.sdk.aio_client import AsyncHubClient, aclose, stream_path
+from reach.sdk import blobs, trace
+from reach.sdk.aio_client import FETCH_FAILURES, AsyncHubClient, aclose, fetch, stream_path
 from reach.sdk.caller import (
     BroadcastResult,
     Call,
@@ -50,6 +50,7 @@ from reach.sdk.caller import (
     settled,
     submission_of,
 )
+from reach.sdk.hub_client import refused
 from reach.sdk.sessions import (
     close_call,
     get_call,
@@ -68,6 +69,7 @@ __all__ = [
     "get_session",
     "get_task",
     "open_session",
+    "payload_blob",
     "report_progress",
     "report_result",
     "send",
@@ -88,6 +90,7 @@ async def send(
     *,
     method: str | None = None,
     payload: dict[str, Any] | None = None,
+    payload_ref: str | None = None,
     agent_id: str | None = None,
     tags: Sequence[str] = (),
     capability: str | None = None,
@@ -107,6 +110,7 @@ async def send(
     call = send_call(
         method=method,
         payload=payload,
+        payload_ref=payload_ref,
         agent_id=agent_id,
         tags=tags,
         capability=capability,
@@ -299,3 +303,16 @@ async def session_alive(*, hub: str | None = None, api_key: str | None = None) -
     except ReachError as exc:
         view = exc
     return learned_liveness(session_id, now, view)
+
+
+async def payload_blob(*, timeout: float = blobs.UPLOAD_TIMEOUT_S) -> bytes:
+    """Inside a handler: the bytes of the blob its task carries, checked against its size
+    and SHA-256 (`reach.payload_blob`, on this loop's connection pool)."""
+    ref, url = blobs.link()
+    try:
+        status, body = await fetch(url, timeout)
+    except FETCH_FAILURES as exc:
+        raise blobs.unreachable(url, exc) from None  # its text holds the link's signature
+    if status >= 400:
+        raise refused(status, body, None)
+    return blobs.checked(ref, body)

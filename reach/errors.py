@@ -54,6 +54,10 @@
     │   └── PayloadChanged          the task's payload no longer matches what was requested
     ├── LoopDetected                a reach would repeat an agent of its path, or exceed max_hops
     ├── UnknownSession              no session with this id
+    ├── BlobError                   a payload blob (``PUT /v1/blobs``, a task's ``payload_ref``)
+    │   ├── UnknownBlob             no blob with this id (or one of another caller's)
+    │   ├── BlobTaken               the blob already belongs to another task
+    │   └── InvalidBlobLink         a blob link whose signature is forged or whose time is up
     ├── SessionClosed               the reach's session is closed: refused or cancelled
     └── InvalidQuery                a listing's filter, time range or limit is not valid
         └── BadCursor               a page cursor that is garbage, tampered or of another list
@@ -574,6 +578,38 @@ class UnknownSession(ReachError):
     slug = "unknown-session"
     status = 404
     title = "Unknown session"
+
+
+class BlobError(ReachError):
+    """A payload blob cannot be stored, read or referenced as asked."""
+
+    slug = "blob-error"
+    status = 400
+    title = "Blob error"
+
+
+class UnknownBlob(BlobError):
+    """No blob with this id (one of another caller's looks the same)."""
+
+    slug = "unknown-blob"
+    status = 404
+    title = "Unknown blob"
+
+
+class BlobTaken(BlobError):
+    """The blob is already the payload of another task (a blob goes with one task)."""
+
+    slug = "blob-taken"
+    status = 409
+    title = "Blob taken"
+
+
+class InvalidBlobLink(BlobError):
+    """A blob link whose signature does not verify, or whose time is up."""
+
+    slug = "invalid-blob-link"
+    status = 403
+    title = "Invalid blob link"
 
 
 class RequestTooLarge(ReachError):

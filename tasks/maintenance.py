@@ -6,6 +6,7 @@ import logging
 
 from celery import shared_task
 
+from reach.hub.blobs import records as blobs
 from reach.hub.fleet import reachability as monitoring
 from reach.hub.gates import approvals
 from reach.hub.ops import retention
@@ -30,11 +31,18 @@ def reachability_sweep() -> list[str]:
 
 @shared_task(name="reach.retention_sweep", ignore_result=True)
 def retention_sweep() -> dict[str, int]:
-    """Delete finished records past ``retention.days`` and long-offline instances."""
+    """Delete finished records past ``retention.days`` and long-offline instances, then
+    the blobs whose task is gone and those no task took in time (``blobs.orphan_ttl_s``)."""
     from reach.worker.app import runtime
 
     ctx = runtime()
-    return retention.sweep(ctx.transaction, ctx.clock.now(), retention.policy_from(ctx.settings))
+    deleted = retention.sweep(ctx.transaction, ctx.clock.now(), retention.policy_from(ctx.settings))
+    gone = blobs.sweep(
+        ctx.transaction, ctx.blob_store, ctx.clock.now(), ctx.settings.blobs.orphan_ttl_s
+    )
+    if gone:
+        deleted["blobs"] = gone
+    return deleted
 
 
 @shared_task(name="reach.approvals_expire", ignore_result=True)

@@ -13,6 +13,7 @@ from reach.cli import processes, tasks
 from reach.cli.agents import agents_app
 from reach.cli.alerts import alerts_app
 from reach.cli.approvals import approvals_app
+from reach.cli.blobs import blobs_app
 from reach.cli.certs import certs_app
 from reach.cli.common import err_console
 from reach.cli.dags import dag_app
@@ -36,6 +37,7 @@ app.add_typer(alerts_app, name="alerts")
 app.add_typer(tasks_app, name="tasks")
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(dag_app, name="dag")
+app.add_typer(blobs_app, name="blobs")
 
 
 def main() -> None:

@@ -26,6 +26,9 @@ def send(
         typer.Argument(help="Method (capability type) to call; with --intent, may be left out"),
     ] = None,
     payload: Annotated[str, typer.Option(help="JSON object")] = "{}",
+    payload_ref: Annotated[
+        str | None, typer.Option(help="A blob id (reach blobs put) carrying a large payload")
+    ] = None,
     agent_id: Annotated[str | None, typer.Option("--agent", help="Agent ID")] = None,
     tag: Annotated[list[str] | None, typer.Option(help="Required tag (repeatable)")] = None,
     capability: Annotated[str | None, typer.Option(help="Required capability")] = None,
@@ -57,6 +60,7 @@ def send(
         sub = send_task(
             method=method,
             payload=body,
+            payload_ref=payload_ref,
             agent_id=agent_id,
             tags=tag or (),
             capability=capability,

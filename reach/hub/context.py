@@ -19,6 +19,9 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from reach.errors import HubUnavailable, ReachError, RegistrationConflict
+from reach.hub.blobs.backend import BlobBackend
+from reach.hub.blobs.configured import backend_for
+from reach.hub.blobs.links import KEY_PURPOSE, BlobLinks
 from reach.hub.clock import Clock, SystemClock
 from reach.hub.delivery.policy import DeliveryPolicy
 from reach.hub.dispatch import Dispatcher, DispatcherFactory
@@ -108,7 +111,22 @@ class HubContext:
 
     @cached_property
     def delivery_policy(self) -> DeliveryPolicy:
-        return dataclasses.replace(DeliveryPolicy.from_settings(self.settings), seal=self.seal)
+        return dataclasses.replace(
+            DeliveryPolicy.from_settings(self.settings), seal=self.seal, blob_links=self.blob_links
+        )
+
+    @cached_property
+    def blob_store(self) -> BlobBackend:
+        """Where payload blobs are kept (``blobs.store``, `reach.hub.blobs.backend`)."""
+        return backend_for(self.settings.blobs, self.settings.storage.home_path)
+
+    @cached_property
+    def blob_links(self) -> BlobLinks:
+        """The links agents read blobs with, signed with a key derived from the seal key."""
+        blobs = self.settings.blobs
+        return BlobLinks(
+            self.seal.derive(KEY_PURPOSE), blobs.link_ttl_s, self.blob_store, blobs.public_url
+        )
 
     @cached_property
     def matcher(self) -> Matcher:

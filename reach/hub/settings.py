@@ -732,6 +732,62 @@ class AlertSettings(_Section):
         return value
 
 
+class BlobSettings(_Section):
+    """Payload blobs (``PUT /v1/blobs``, a task's ``payload_ref``; ``reach.hub.blobs``): large
+    payloads kept in a directory or an S3-compatible bucket, fetched by the agent with a
+    short-lived signed link, deleted with their task."""
+
+    store: Literal["dir", "s3"] = Field(
+        "dir", description="where blobs are kept: dir (a directory) or s3 (a bucket)"
+    )
+    dir: str | None = Field(
+        None, description="the blob directory (store dir); unset: <storage.home>/blobs"
+    )
+    max_bytes: int = Field(
+        64 * 1024 * 1024, ge=1024, le=1 << 40, description="the largest blob one PUT may store"
+    )
+    link_ttl_s: Seconds = Field(
+        300.0, ge=5, le=7 * 86400, description="how long a blob link handed to an agent is valid"
+    )
+    orphan_ttl_s: Seconds = Field(
+        86400.0,
+        ge=60,
+        le=365 * 86400,
+        description="a blob no task references is deleted this long after its upload",
+    )
+    public_url: str | None = Field(
+        None,
+        description="the hub's URL as agents reach it, for links of the dir store; unset: "
+        "a path the agent's SDK resolves against the hub it registered with",
+    )
+    s3_endpoint: str | None = Field(
+        None, description="the S3 endpoint URL (unset: AWS's, from s3_region)"
+    )
+    s3_bucket: str | None = Field(None, description="the bucket (store s3; it must exist)")
+    s3_prefix: str = Field("blobs/", max_length=256, description="object key prefix")
+    s3_region: str | None = Field(None, description="the bucket's region")
+    s3_access_key: SecretStr | None = Field(
+        None, description="access key id; unset: boto3's own lookup (environment, profile, role)"
+    )
+    s3_secret_key: SecretStr | None = Field(None, description="secret access key")
+
+    @field_validator("public_url", "s3_endpoint")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"must be an http(s) URL with a host, got {value!r}")
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _bucket(self) -> BlobSettings:
+        if self.store == "s3" and not self.s3_bucket:
+            raise ValueError("store s3 needs s3_bucket")
+        return self
+
+
 class LoggingSettings(_Section):
     """What the hub's processes log and how (``reach.hub.logs``): ``json`` writes one JSON
     object a line, with the process's role and the task, attempt, agent and trace at hand."""
@@ -774,6 +830,7 @@ class Settings(BaseSettings):
     a2a: A2aSettings = A2aSettings()
     mcp_agents: McpAgentSettings = McpAgentSettings()
     alerts: AlertSettings = AlertSettings()
+    blobs: BlobSettings = BlobSettings()
     logging: LoggingSettings = LoggingSettings()
 
     @classmethod

@@ -210,6 +210,18 @@ class AsyncHubClient:
         return answer(status, kind, body, keys, f"{method} {self.base_url}{path}", self._api_key)
 
 
+async def fetch(url: str, read_timeout: float) -> tuple[int, bytes]:
+    """GET a URL that needs no key (a blob link): its status and body. Foreign errors
+    are raised as they come: the caller names the URL as it may be shown."""
+    http = await loop_session()
+    timeout = aiohttp.ClientTimeout(sock_connect=CONNECT_TIMEOUT_S, sock_read=read_timeout)
+    async with http.get(url, timeout=timeout) as resp:
+        return resp.status, await resp.read()
+
+
+FETCH_FAILURES = _FAILURES
+
+
 def _query(params: Mapping[str, Any] | None) -> list[tuple[str, str]] | None:
     """``params`` as requests encodes them: a list repeats its key, values as ``str``."""
     if params is None:

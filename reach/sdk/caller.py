@@ -116,6 +116,7 @@ def send(
     *,
     method: str | None = None,
     payload: dict[str, Any] | None = None,
+    payload_ref: str | None = None,
     agent_id: str | None = None,
     tags: Sequence[str] = (),
     capability: str | None = None,
@@ -150,10 +151,16 @@ def send(
     ``.extra`` has ``depth``, ``limit`` and ``retry_after_ms``): not a failure, and never
     retried here -- the caller decides whether to wait that long. A reach that would
     repeat an agent of its own path raises ``LoopDetected``; one bound to a closed
-    ``session_id`` raises ``SessionClosed``."""
+    ``session_id`` raises ``SessionClosed``.
+
+    ``payload_ref`` names a blob this caller uploaded (`reach.put_blob`) that carries a
+    payload too large to send inline: the agent reads it with `reach.payload_blob`, and
+    it is deleted with the task. Another caller's blob, or an unknown one, raises
+    ``UnknownBlob``; a blob another task took, ``BlobTaken``."""
     call = send_call(
         method=method,
         payload=payload,
+        payload_ref=payload_ref,
         agent_id=agent_id,
         tags=tags,
         capability=capability,
@@ -174,6 +181,7 @@ def send_call(
     *,
     method: str | None,
     payload: dict[str, Any] | None,
+    payload_ref: str | None,
     agent_id: str | None,
     tags: Sequence[str],
     capability: str | None,
@@ -194,6 +202,7 @@ def send_call(
     body: dict[str, Any] = {
         "method": method,
         "payload": payload or {},
+        "payload_ref": payload_ref,
         "agent_id": agent_id,
         "tags": list(tags),
         "capability": capability,

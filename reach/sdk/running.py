@@ -150,6 +150,7 @@ class Delivery:
     session_id: str | None
     arrived: float  # epoch seconds, this host's clock
     deadline: float | None  # epoch seconds, the hub's: when it stops waiting for the answer
+    blob: dict[str, Any] | None = None  # the payload_ref: a blob's facts and link (reach.sdk.blobs)
 
     @classmethod
     def of(cls, method: str, body: Mapping[str, Any], now: float) -> Delivery:
@@ -164,6 +165,7 @@ class Delivery:
             session_id=session if isinstance(session, str) and session else None,
             arrived=now,
             deadline=deadline_of(body),
+            blob=ref if isinstance(ref := body.get("payload_ref"), dict) else None,
         )
 
     @property
@@ -413,6 +415,7 @@ class Runner:
                 agent._api_key,
                 session_id=d.session_id,
                 traceparent=tp if isinstance(tp, str) else None,
+                blob=d.blob,
             ),
         ):
             yield

@@ -17,6 +17,7 @@ _current: ContextVar[dict[str, Any] | None] = ContextVar("reach_trace", default=
 # Apart from the trace dict: that one is copied into requests and may be logged; a key never.
 _api_key: ContextVar[str | None] = ContextVar("reach_api_key", default=None)
 _session: ContextVar[str | None] = ContextVar("reach_session", default=None)
+_blob: ContextVar[dict[str, Any] | None] = ContextVar("reach_blob", default=None)
 
 
 def current() -> dict[str, Any] | None:
@@ -47,6 +48,11 @@ def session_of_current() -> str | None:
     return _session.get()
 
 
+def blob_of_current() -> dict[str, Any] | None:
+    """Inside a handler, its delivery's ``payload_ref`` (the blob's facts and link)."""
+    return _blob.get()
+
+
 @contextmanager
 def handling(
     task_id: str,
@@ -56,12 +62,14 @@ def handling(
     api_key: str | None = None,
     session_id: str | None = None,
     traceparent: str | None = None,
+    blob: dict[str, Any] | None = None,
 ) -> Iterator[None]:
     """Mark the current context (a thread's, or an asyncio task's) as handling ``task_id``
     of ``agent_id`` (whose hub and API key are the defaults of reaches sent from there;
     ``session_id``: the user session the task is bound to, which `reach.session_alive`
     checks and nested reaches inherit; ``traceparent``: the W3C trace context nested reaches
-    carry, the handler's span or, when this process does not trace, the delivery's)."""
+    carry, the handler's span or, when this process does not trace, the delivery's;
+    ``blob``: the delivery's ``payload_ref``)."""
     base = dict(trace or {})
     ctx = {
         "root_id": base.get("root_id") or task_id,
@@ -74,9 +82,11 @@ def handling(
     token = _current.set(ctx)
     key_token = _api_key.set(api_key)
     session_token = _session.set(session_id)
+    blob_token = _blob.set(blob)
     try:
         yield
     finally:
+        _blob.reset(blob_token)
         _session.reset(session_token)
         _api_key.reset(key_token)
         _current.reset(token)

@@ -19,6 +19,7 @@ from pydantic import (
     model_validator,
 )
 
+from reach.core.blobs.links import BLOB_ID_PATTERN
 from reach.core.fleet import params_schema
 from reach.core.fleet.endpoints import parse_endpoint
 from reach.core.fleet.names import MAX_NAME, NAME_PATTERN, is_path, name_refusal
@@ -26,6 +27,7 @@ from reach.core.fleet.names import MAX_NAME, NAME_PATTERN, is_path, name_refusal
 AgentId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")]
 InstanceId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")]
 Tag = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,63}$")]
+BlobId = Annotated[str, Field(pattern=BLOB_ID_PATTERN)]
 
 
 def _a_name(what: str) -> BeforeValidator:
@@ -205,6 +207,11 @@ class SubmitRequest(WireModel):
     )
     method: Method | None = Field(None, description="required unless an intent is given")
     payload: dict[str, Any] = Field(default_factory=dict)
+    payload_ref: BlobId | None = Field(
+        None,
+        description="a blob the caller uploaded (PUT /v1/blobs) that carries a large payload; "
+        "the agent reads it by a short-lived link, and it is deleted with the task",
+    )
     rules: dict[Annotated[str, Field(max_length=64)], MetadataValue] = Field(
         default_factory=dict, max_length=32, description="agent metadata that must match"
     )

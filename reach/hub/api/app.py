@@ -26,6 +26,8 @@ from reach.hub.api.routes.agents import agent_router
 from reach.hub.api.routes.agents_admin import agents_admin_router
 from reach.hub.api.routes.approvals import approval_router
 from reach.hub.api.routes.audit import audit_router
+from reach.hub.api.routes.blobs import PATH as BLOBS_PATH
+from reach.hub.api.routes.blobs import blob_router
 from reach.hub.api.routes.broadcasts import broadcast_router
 from reach.hub.api.routes.channel import channel_router
 from reach.hub.api.routes.dagruns import dag_router
@@ -112,8 +114,14 @@ def create_app(
     # the body limit covers the payload cap (reach.hub.flow.admission.body_limit); memory
     # admission refuses a submit before its body is read
     # inside the body limit, which bounds what it reads: NUL and NaN never reach a route
-    app.add_middleware(InputGuardMiddleware)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=admission.body_limit(ctx.settings))
+    # a blob upload is bytes (not scanned as JSON), up to blobs.max_bytes
+    upload = ("PUT", BLOBS_PATH)
+    app.add_middleware(InputGuardMiddleware, raw=frozenset({upload}))
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_bytes=admission.body_limit(ctx.settings),
+        raised={upload: ctx.settings.blobs.max_bytes},
+    )
     server = ctx.settings.server
     gauge = MemoryGauge.configured(server.memory_limit_bytes, server.memory_admission_ratio)
     app.add_middleware(MemoryAdmissionMiddleware, gauge=gauge)
@@ -133,6 +141,7 @@ def create_app(
         app.include_router(broadcast_router(ctx, waiters))
         app.include_router(stream_router(ctx, stream_hub))
         app.include_router(session_router(ctx))
+        app.include_router(blob_router(ctx))  # large payloads by reference
         app.include_router(a2a_router(ctx, intake, require_auth, waiters, stream_hub))  # A2A
         mcp = install_mcp(app, ctx, intake, waiters, stream_hub, demo=demo)  # MCP at /mcp
     if surface in (Surface.ALL, Surface.ADMIN):

@@ -65,6 +65,7 @@ log = logging.getLogger("reach.security")
 OPEN_PATHS = frozenset({"/healthz", "/.well-known/jwks.json"})
 
 INTERNAL_CHANNEL = "/internal/channel/"  # reach.hub.interop.channel.INTERNAL_PREFIX
+BLOB_LINKS = "/v1/blobs/"  # a signed read of a blob (reach.hub.api.routes.blobs) needs no key
 MISSING = "an API key is required: send 'Authorization: Bearer <key>'"
 MALFORMED = "malformed Authorization header: expected 'Bearer <key>'"
 LOCKED_OUT = "too many failed authentications from this address: try again in {seconds} s"
@@ -85,6 +86,9 @@ class AuthMiddleware:
         path = scope.get("path") or ""
         # the channel's internal deliveries check their own per-socket secret
         if scope["type"] != "http" or path in OPEN_PATHS or path.startswith(INTERNAL_CHANNEL):
+            await self.app(scope, receive, send)
+            return
+        if is_signed_read(scope):  # the link is the credential: its route checks it
             await self.app(scope, receive, send)
             return
         if path == "/" or path == signin.COOKIE_PATH or path.startswith(signin.COOKIE_PATH + "/"):
@@ -176,6 +180,13 @@ class AuthMiddleware:
             return Refusal("malformed", MALFORMED)
         with self.ctx.reading() as session:
             return apikeys.check(session, secret, self.ctx.clock.now())
+
+
+def is_signed_read(scope: Scope) -> bool:
+    """A GET of one blob that carries a link's signature (``?exp=..&sig=..``)."""
+    path: str = scope.get("path") or ""
+    query: bytes = scope.get("query_string") or b""
+    return scope.get("method") == "GET" and path.startswith(BLOB_LINKS) and b"sig=" in query
 
 
 def principal_of(request: Request) -> Principal:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -121,22 +122,31 @@ def _clean_error(err: Any) -> dict[str, Any]:
 class BodyLimitMiddleware:
     """Refuse request bodies above ``max_bytes`` with a 413 problem, declared or streamed."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, raised: Mapping[tuple[str, str], int] | None = None
+    ) -> None:
         self.app = app
-        self.max_bytes = max_bytes
+        self.default_bytes = max_bytes
+        self.raised = dict(raised or {})  # (method, path) -> its own limit (a blob upload)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.raised.get(
+            (scope.get("method", ""), scope.get("path", "")), self.default_bytes
+        )
+        await self._limited(scope, receive, send, limit)
+
+    async def _limited(self, scope: Scope, receive: Receive, send: Send, max_bytes: int) -> None:
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None:
             try:
-                too_big = int(declared) > self.max_bytes
+                too_big = int(declared) > max_bytes
             except ValueError:
                 too_big = False
             if too_big:
-                await self._refuse(scope, send)
+                await self._refuse(scope, send, max_bytes)
                 return
         seen = 0
         started = False
@@ -146,7 +156,7 @@ class BodyLimitMiddleware:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
+                if seen > max_bytes:
                     raise _BodyTooLarge()
             return message
 
@@ -160,12 +170,13 @@ class BodyLimitMiddleware:
             await self.app(scope, limited_receive, tracking_send)
         except _BodyTooLarge:
             if not started:
-                await self._refuse(scope, send)
+                await self._refuse(scope, send, max_bytes)
 
-    async def _refuse(self, scope: Scope, send: Send) -> None:
+    async def _refuse(self, scope: Scope, send: Send, max_bytes: int) -> None:
+        advice = "" if max_bytes != self.default_bytes else "; send a reference instead"
         error = RequestTooLarge(
-            f"request body exceeds {self.max_bytes} bytes; send a reference instead",
-            limit=self.max_bytes,
+            f"request body exceeds {max_bytes} bytes{advice}",
+            limit=max_bytes,
         )
         response = JSONResponse(
             error.to_problem(scope.get("path")), status_code=413, media_type=PROBLEM_JSON
@@ -198,8 +209,9 @@ class InputGuardMiddleware:
     that carry one; the JSON is parsed again only when its bytes hold ``\\u0000``,
     ``NaN`` or ``Infinity`` somewhere, so an ordinary request costs a byte scan."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, raw: frozenset[tuple[str, str]] = frozenset()) -> None:
         self.app = app
+        self.raw = raw  # (method, path) whose body is bytes, not JSON (a blob upload)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -213,7 +225,7 @@ class InputGuardMiddleware:
         if b"%00" in query or b"\x00" in query:
             await self._refuse(scope, send, "query: a parameter contains a NUL character")
             return
-        if scope.get("method") not in _WITH_BODY:
+        if scope.get("method") not in _WITH_BODY or (scope.get("method"), path) in self.raw:
             await self.app(scope, receive, send)
             return
         chunks: list[bytes] = []

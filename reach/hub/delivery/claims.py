@@ -47,6 +47,7 @@ class Claimed:
     retries: int
     caller: str | None = None  # who submitted it (``tasks.caller``): the token's ``sub``
     priority: str = ONLINE  # online | background (``reach.core.flow.priority``)
+    payload_ref: str | None = None  # the blob carrying a large payload (``reach.hub.blobs``)
 
 
 _SECONDS = _T.c.timeout_ms / 1000.0
@@ -86,6 +87,7 @@ _CLAIM = (
         _T.c.retries,
         _T.c.caller,
         _T.c.priority,
+        _T.c.payload_ref,
     )
 )
 ASSIGN = (

@@ -9,6 +9,7 @@ from reach.core.delivery.retry import RetryPolicy
 from reach.core.flow.breakers import BreakerPolicy
 from reach.core.flow.priority import PriorityPolicy
 from reach.core.flow.retry_budget import RetryBudget
+from reach.hub.blobs.links import BlobLinks
 from reach.hub.security.sealing import SealKey
 from reach.hub.settings import Settings
 from reach.hub.storage.models import TaskRow
@@ -35,6 +36,7 @@ class DeliveryPolicy:
     priority: PriorityPolicy = field(default_factory=PriorityPolicy)  # background yields
     approval_patterns: tuple[str, ...] = ()  # approval.capabilities: gated whoever declares
     seal: SealKey | None = None  # opens the signing key (reach.hub.security.sealing): HubContext's
+    blob_links: BlobLinks | None = None  # a task's payload_ref link (reach.hub.blobs): HubContext's
 
     @classmethod
     def from_settings(cls, settings: Settings) -> DeliveryPolicy:

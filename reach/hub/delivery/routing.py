@@ -41,7 +41,7 @@ from reach.hub.ledger.tasks import (
     schedule_retry,
 )
 from reach.hub.security import trust
-from reach.hub.storage.models import ApprovalRow, TaskRow
+from reach.hub.storage.models import ApprovalRow, BlobRow, TaskRow
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +178,8 @@ def route(
         "session_id": task.session_id,
         "deadline": deadline,
     }
+    if task.payload_ref is not None:
+        body["payload_ref"] = _blob_ref(session, task.payload_ref, now, dpolicy)
     return Dispatch(
         task.task_id,
         task.attempt_seq,
@@ -206,6 +208,18 @@ def route(
         ),
         max_concurrency=chosen.max_concurrency,
     )
+
+
+def _blob_ref(
+    session: Session, blob_id: str, now: float, dpolicy: DeliveryPolicy
+) -> dict[str, Any]:
+    """What the agent needs to read the task's blob: its facts and a fresh link (each
+    attempt gets its own). A blob that is gone (it cannot be while its task lives) is
+    named alone: the agent's read of it fails with a clear error."""
+    row = session.get(BlobRow, blob_id)
+    if row is None or dpolicy.blob_links is None:
+        return {"blob_id": blob_id}
+    return dpolicy.blob_links.descriptor(row, now)
 
 
 class _Gate:

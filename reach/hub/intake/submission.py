@@ -36,6 +36,7 @@ from reach.errors import (
     TaskConflict,
 )
 from reach.hub import logs, tracing
+from reach.hub.blobs import records as blobs
 from reach.hub.fleet.matching import Matcher
 from reach.hub.fleet.registry import (
     CANDIDATE_LIMIT,
@@ -153,7 +154,12 @@ def submit(
         existing = session.scalar(select(TaskRow).where(TaskRow.task_id == req.task_id))
         if existing is not None:
             before = existing.target.get("asked") or _asked(existing.target, existing.method)
-            same = (before, existing.payload, existing.caller) == (asked, req.payload, caller)
+            same = (before, existing.payload, existing.payload_ref, existing.caller) == (
+                asked,
+                req.payload,
+                req.payload_ref,
+                caller,
+            )
             if not same:
                 raise TaskConflict(
                     f"task_id {req.task_id!r} is already used by a different task",
@@ -220,6 +226,11 @@ def submit(
             callbacks.register(
                 session, task_id, req.callback_url, req.callback_context, req.callback_progress, now
             )
+        if req.payload_ref is not None:  # the caller's blob goes with this task from now on
+            if principal is None:
+                raise InvalidTaskRequest("payload_ref: only a caller's submit may carry one")
+            blobs.bind(session, req.payload_ref, principal, task_id)
+            values["payload_ref"] = req.payload_ref
         if approvals.required(decls.values(), method, req.capability, approval):
             approvals.park(session, values, now, approval, capability=req.capability or method)
             view = {name: values.get(name) for name in VIEW_COLUMNS}

@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     Double,
     ForeignKey,
@@ -251,6 +252,8 @@ class TaskRow(Base):
     priority: Mapped[str] = mapped_column(String(16), default="online", server_default="online")
     # the A2A task the current attempt started (followed with GetTask while it works)
     remote_task_id: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    # the blob that carries the task's large payload (``blobs``, ``reach.hub.blobs``)
+    payload_ref: Mapped[str | None] = mapped_column(String(40), nullable=True)
 
 
 class TaskEventRow(Base):
@@ -565,3 +568,25 @@ class AlertPushRow(Base):
     lease_until: Mapped[float | None] = mapped_column(Double, nullable=True)
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
     updated_at: Mapped[float] = mapped_column(Double)
+
+
+class BlobRow(Base):
+    """A payload blob (``PUT /v1/blobs``): whose it is, what it holds, and the task that
+    took it as ``payload_ref`` (``reach.hub.blobs.records``). The bytes live in the blob
+    store; ``doomed_at`` marks a blob on its way out (its bytes are deleted, then the row)."""
+
+    __tablename__ = "blobs"
+    __table_args__ = (
+        Index("ix_blobs_task", "task_id"),  # a task's blob; blobs whose task is gone
+        Index("ix_blobs_created", "created_at"),  # orphans, oldest first
+    )
+
+    blob_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(160))  # the uploader's identity
+    key_id: Mapped[str | None] = mapped_column(String(64), nullable=True)  # and its key
+    size: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    content_type: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[float] = mapped_column(Double)
+    task_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    doomed_at: Mapped[float | None] = mapped_column(Double, nullable=True)

@@ -1,0 +1,1 @@
+"""The blob stores, one module each; a store's client library loads only with its module."""
