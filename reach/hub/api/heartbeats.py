@@ -18,6 +18,7 @@ import logging
 import threading
 from collections.abc import Callable
 
+from cachetools import LRUCache
 from sqlalchemy.orm import Session
 
 from reach.core.fleet.coalescing import Known, Quiet, may_defer
@@ -29,6 +30,10 @@ from reach.wire.schemas import HeartbeatRequest
 
 log = logging.getLogger("reach.hub.api.heartbeats")
 
+# instances this process keeps a view of: past it the least recent is forgotten (its next
+# beat is written at once), so instances that never come back do not pile up
+KNOWN_MAX = 100_000
+
 Taken = tuple[registry.Beat, dict[str, str]]  # the answer and its headers
 
 
@@ -39,7 +44,7 @@ class HeartbeatIntake:
         self._ctx, self._flush_s = ctx, flush_s
         self._lock = threading.Lock()
         self._pending: dict[str, tuple[HeartbeatRequest, float]] = {}
-        self._known: dict[str, Known] = {}
+        self._known: LRUCache[str, Known] = LRUCache(maxsize=KNOWN_MAX)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
