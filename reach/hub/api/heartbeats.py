@@ -116,6 +116,12 @@ class HeartbeatIntake:
                         agents[iid], beat.status, beat.alerted, beat.heartbeat_interval, now
                     )
 
+    def registered(self, instance_id: str, agent_id: str, status: str, interval: float) -> None:
+        """A new instance registered here: its first beats may wait too (it has no alerts)."""
+        now = self._ctx.clock.now()
+        with self._lock:
+            self._known[instance_id] = Known(agent_id, status, False, interval, now)
+
     def forget(self, instance_id: str) -> None:
         """Drop this process's view of an instance (it deregistered here)."""
         with self._lock:

@@ -45,6 +45,10 @@ def agent_router(ctx: HubContext, network: NetworkRule, intake: HeartbeatIntake)
         )
         # the capability vectors, computed apart (the registration never waits for a model)
         ctx.matcher.registered(body.agent_id, bool(body.capabilities))
+        if result.created:
+            intake.registered(
+                result.instance_id, body.agent_id, result.status, result.heartbeat_interval
+            )
         return JSONResponse(result.model_dump(), status_code=201 if result.created else 200)
 
     @router.post("/heartbeat", response_model=HeartbeatResponse, responses={404: {}})
