@@ -244,6 +244,13 @@ class HeartbeatSettings(_Section):
         60.0, ge=0, description="heartbeat lost, probes fine: alert this long"
     )
     degraded_rise_streak: int = Field(3, ge=1, description="in_flight rises before DEGRADED")
+    flush_s: Seconds = Field(
+        1.0,
+        ge=0,
+        le=60,
+        description="the API writes quiet heartbeats (an idle, online instance's) in one batch "
+        "this often; 0 writes each at once",
+    )
 
 
 class ProbeSettings(_Section):

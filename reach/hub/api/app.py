@@ -15,6 +15,7 @@ from reach.core.security.auth import auth_required, is_loopback_host
 from reach.hub import tracing
 from reach.hub.api.admission import MemoryAdmissionMiddleware
 from reach.hub.api.auth import AuthMiddleware
+from reach.hub.api.heartbeats import HeartbeatIntake
 from reach.hub.api.lockout import AuthLockout
 from reach.hub.api.problems import (
     BodyLimitMiddleware,
@@ -86,6 +87,7 @@ def create_app(
     waiters = Waiters()
     stream_hub = StreamHub(ctx, waiters)  # progress streams share one feed per task
     mcp: McpService | None = None  # the MCP endpoint's transport, on the public surface
+    beats = HeartbeatIntake(ctx, ctx.settings.heartbeat.flush_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -95,6 +97,7 @@ def create_app(
                 yield
         finally:
             waiters.stop()
+            beats.stop()
 
     # /docs and /redoc load their scripts from a CDN: with auth on they would run a third
     # party's code on the dashboard's origin, so only an open (loopback demo) hub has them.
@@ -134,7 +137,7 @@ def create_app(
     app.include_router(jwks_router(ctx))  # every surface: agents verify with these keys
     if surface in (Surface.ALL, Surface.PUBLIC):
         intake = Intake(ctx)  # one per app: the task and A2A routes share its callers' lane
-        app.include_router(agent_router(ctx, network))
+        app.include_router(agent_router(ctx, network, beats))
         app.include_router(channel_router(ctx, require_auth))  # agents behind NAT
         app.include_router(task_router(ctx, intake, waiters))
         app.include_router(match_router(ctx))  # semantic capability matching

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -308,6 +308,7 @@ class Beat:
 
     status: str
     heartbeat_interval: float
+    alerted: bool = False  # any alert raised (`reach.core.fleet.coalescing.Known`)
 
 
 def heartbeat(session: Session, hb: HeartbeatRequest, now: float, policy: Policy) -> Beat:
@@ -325,6 +326,77 @@ def heartbeat(session: Session, hb: HeartbeatRequest, now: float, policy: Policy
             "register again",
             instance_id=hb.instance_id,
         )
+    values = _quiet_values(row, hb, now, policy)
+    if values is None:
+        return _heartbeat_transition(session, hb, now, policy)
+    session.connection().execute(_HB_WRITE["last_task_duration_ms" in values], values)
+    return Beat(row.status, row.heartbeat_interval, bool(values["alerts"]))
+
+
+def heartbeats(
+    session: Session, beats: Sequence[tuple[HeartbeatRequest, float]], policy: Policy
+) -> dict[str, Beat | None]:
+    """Record a batch of buffered heartbeats, each stamped with the hub time it arrived at
+    (`reach.hub.api.heartbeats`): one locked read of all their instances, one batched
+    UPDATE of those whose verdict stays, the transition path for the others (as
+    `heartbeat`). ``None`` for an instance no longer registered (its beat is dropped: the
+    agent hears so on its next one). A beat older than the instance's recorded last
+    heartbeat (another API process wrote a newer one) is skipped."""
+    newest: dict[str, tuple[HeartbeatRequest, float]] = {}
+    for hb, at in beats:
+        if hb.instance_id not in newest or newest[hb.instance_id][1] < at:
+            newest[hb.instance_id] = (hb, at)
+    if not newest:
+        return {}
+    conn = session.connection()
+    rows = {r.instance_id: r for r in conn.execute(_HB_READ_MANY, {"b_ids": sorted(newest)})}
+    out: dict[str, Beat | None] = {}
+    quiet: tuple[list[dict[str, Any]], list[dict[str, Any]]] = ([], [])
+    changed: list[tuple[HeartbeatRequest, float]] = []
+    for iid, (hb, at) in newest.items():
+        row = rows.get(iid)
+        if row is None or row.agent_id != hb.agent_id or row.status == InstanceStatus.DEREGISTERED:
+            out[iid] = None
+            continue
+        if row.last_heartbeat is not None and row.last_heartbeat >= at:
+            out[iid] = Beat(row.status, row.heartbeat_interval, bool(row.alerts))
+            continue
+        values = _quiet_values(row, hb, at, policy)
+        if values is None:
+            changed.append((hb, at))
+            continue
+        quiet["last_task_duration_ms" in values].append(values)
+        out[iid] = Beat(row.status, row.heartbeat_interval, bool(values["alerts"]))
+    for duration in (False, True):
+        if quiet[duration]:
+            conn.execute(_HB_WRITE[duration], quiet[duration])
+    for hb, at in changed:
+        out[hb.instance_id] = _heartbeat_transition(session, hb, at, policy)
+    return out
+
+
+class _BeatRow(Protocol):
+    @property
+    def status(self) -> str: ...
+    @property
+    def heartbeat_interval(self) -> float: ...
+    @property
+    def in_flight(self) -> int: ...
+    @property
+    def max_concurrency(self) -> int: ...
+    @property
+    def in_flight_rise_streak(self) -> int: ...
+    @property
+    def probe_window(self) -> list[Any] | None: ...
+    @property
+    def alerts(self) -> list[str] | None: ...
+
+
+def _quiet_values(
+    row: _BeatRow, hb: HeartbeatRequest, now: float, policy: Policy
+) -> dict[str, Any] | None:
+    """The UPDATE's values of a heartbeat that keeps its instance's verdict; ``None`` when
+    it moves the status or raises an alert (the transition path records it)."""
     streak = rise_streak(row.in_flight, hb.in_flight, row.in_flight_rise_streak)
     max_concurrency = row.max_concurrency if hb.max_concurrency is None else hb.max_concurrency
     verdict = assess(
@@ -343,7 +415,7 @@ def heartbeat(session: Session, hb: HeartbeatRequest, now: float, policy: Policy
     )
     alerts = [a.value for a in verdict.alerts]
     if verdict.status.value != row.status or not set(alerts) <= set(row.alerts or []):
-        return _heartbeat_transition(session, hb, now, policy)
+        return None
     values: dict[str, Any] = {
         "b_id": hb.instance_id,
         "last_heartbeat": now,
@@ -358,11 +430,9 @@ def heartbeat(session: Session, hb: HeartbeatRequest, now: float, policy: Policy
         "routable": verdict.routable,
         "status_reason": verdict.reason,
     }
-    duration = hb.last_task_duration_ms is not None
-    if duration:
+    if hb.last_task_duration_ms is not None:
         values["last_task_duration_ms"] = hb.last_task_duration_ms
-    session.connection().execute(_HB_WRITE[duration], values)
-    return Beat(row.status, row.heartbeat_interval)
+    return values
 
 
 def _heartbeat_transition(
@@ -384,7 +454,7 @@ def _heartbeat_transition(
     row.agent_reported_at = hb.sent_at
     reassess(session, row, now, policy)
     session.flush()
-    return Beat(row.status, row.heartbeat_interval)
+    return Beat(row.status, row.heartbeat_interval, bool(row.alerts))
 
 
 _HB_READ = (
@@ -399,6 +469,19 @@ _HB_READ = (
         _INSTANCES_T.c.alerts,
     )
     .where(_INSTANCES_T.c.instance_id == bindparam("b_id"))
+    .with_for_update()
+)
+
+
+# the same columns for a batch of instances, locked in key order (two batches never deadlock)
+_HB_READ_MANY = (
+    select(
+        _INSTANCES_T.c.instance_id,
+        _INSTANCES_T.c.last_heartbeat,
+        *(c for c in _HB_READ.selected_columns),
+    )
+    .where(_INSTANCES_T.c.instance_id.in_(bindparam("b_ids", expanding=True)))
+    .order_by(_INSTANCES_T.c.instance_id)
     .with_for_update()
 )
 

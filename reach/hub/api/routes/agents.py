@@ -6,17 +6,15 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
-from sqlalchemy.orm import Session
 
 from reach.core.fleet.health import InstanceStatus
 from reach.core.security.auth import Action, Principal
 from reach.core.security.networks import NetworkRule
-from reach.hub import metrics
 from reach.hub.api import links
 from reach.hub.api.auth import check_declarable, demand_agent, require
+from reach.hub.api.heartbeats import HeartbeatIntake
 from reach.hub.context import HubContext
 from reach.hub.fleet import registry
-from reach.hub.gates import sessions
 from reach.wire.schemas import (
     DeregisterRequest,
     HeartbeatRequest,
@@ -28,7 +26,7 @@ from reach.wire.schemas import (
 ActsAsAgent = Annotated[Principal, Depends(require(Action.ACT_AS_AGENT))]
 
 
-def agent_router(ctx: HubContext, network: NetworkRule) -> APIRouter:
+def agent_router(ctx: HubContext, network: NetworkRule, intake: HeartbeatIntake) -> APIRouter:
     router = APIRouter(prefix="/v1/agents", tags=["agents (agent-facing)"])
 
     @router.post(
@@ -47,6 +45,10 @@ def agent_router(ctx: HubContext, network: NetworkRule) -> APIRouter:
         )
         # the capability vectors, computed apart (the registration never waits for a model)
         ctx.matcher.registered(body.agent_id, bool(body.capabilities))
+        if result.created:
+            intake.registered(
+                result.instance_id, body.agent_id, result.status, result.heartbeat_interval
+            )
         return JSONResponse(result.model_dump(), status_code=201 if result.created else 200)
 
     @router.post("/heartbeat", response_model=HeartbeatResponse, responses={404: {}})
@@ -54,17 +56,9 @@ def agent_router(ctx: HubContext, network: NetworkRule) -> APIRouter:
         body: HeartbeatRequest, request: Request, response: Response, principal: ActsAsAgent
     ) -> HeartbeatResponse:
         demand_agent(request, principal, body.agent_id, Action.ACT_AS_AGENT)
-
-        def work(session: Session) -> HeartbeatResponse:
-            row = registry.heartbeat(session, body, ctx.clock.now(), ctx.policy)
-            metrics.HEARTBEATS_TOTAL.inc()
-            now = ctx.clock.now()
-            response.headers.update(
-                sessions.closed_header(session, body.agent_id, body.instance_id, now)
-            )
-            return HeartbeatResponse(status=row.status, next_heartbeat_in=row.heartbeat_interval)
-
-        return ctx.write(work)
+        beat, headers = intake.take(body)
+        response.headers.update(headers)
+        return HeartbeatResponse(status=beat.status, next_heartbeat_in=beat.heartbeat_interval)
 
     @router.post("/deregister", responses={404: {}})
     def deregister(
@@ -72,6 +66,7 @@ def agent_router(ctx: HubContext, network: NetworkRule) -> APIRouter:
     ) -> dict[str, str]:
         demand_agent(request, principal, body.agent_id, Action.ACT_AS_AGENT)
         ctx.write(lambda s: registry.deregister(s, body, ctx.clock.now()))
+        intake.forget(body.instance_id)
         return {"instance_id": body.instance_id, "status": InstanceStatus.DEREGISTERED.value}
 
     return router
