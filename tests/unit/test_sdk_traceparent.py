@@ -14,8 +14,8 @@ TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 def _call() -> Any:
     return send_call(
-        method="m", payload={}, payload_ref=None, agent_id="b", tags=(), capability=None, intent=None,
-        rules=None, task_id=None, timeout_ms=1000, session_id=None, priority="online",
+        method="m", payload={}, payload_ref=None, agent_id="b", tags=(), capability=None,
+        intent=None, rules=None, task_id=None, timeout_ms=1000, session_id=None, priority="online",
         callback_url=None, callback_context=None, callback_progress=False,
     )  # fmt: skip
 
