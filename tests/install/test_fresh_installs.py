@@ -336,9 +336,15 @@ def test_hub_install_has_no_dev_tools(hub_venv: Path, tmp_path: Path) -> None:
         assert r.returncode != 0, f"{module} is installed in the hub venv: not a user's install"
 
 
-IMPORT_EVERY_MODULE = """
+# Modules of an optional extra, not of [hub]: imported only when their setting chooses
+# them, which then names the extra (reach.hub.blobs.configured). The walk checks that
+# [hub] alone lacks what they need, so a module that starts importing them early fails.
+OPTIONAL_EXTRA_MODULES = {"reach.hub.blobs.backends.s3": "boto3"}
+
+IMPORT_EVERY_MODULE = f"""
 import importlib, pkgutil, sys
 import reach
+optional = {OPTIONAL_EXTRA_MODULES!r}
 names = ["flower.command", "kombu.transport.redis", "kombu.transport.pyamqp"]
 for package in (reach,):
     for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
@@ -347,6 +353,14 @@ for package in (reach,):
         if ".migrations." not in info.name and not info.name.endswith(".__main__"):
             names.append(info.name)
 for name in names:
+    if name in optional:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            assert exc.name == optional[name], (name, exc.name)
+        else:
+            sys.exit(f"{{name}} imported without its extra's {{optional[name]}}")
+        continue
     importlib.import_module(name)
 print(len(names), reach.__file__)
 """
