@@ -46,6 +46,9 @@ export interface SendOptions extends CallOptions {
   /** The capability invoked; may be left out with an `intent` (the match names it). */
   method?: string;
   payload?: Record<string, unknown>;
+  /** A blob uploaded to the hub (`PUT /v1/blobs`) as the task's large payload: the agent
+   * gets a short-lived signed link to it with the delivery (`delivery.body.payload_ref.url`). */
+  payloadRef?: string;
   agentId?: string;
   tags?: readonly string[];
   capability?: string;
@@ -129,6 +132,7 @@ export async function send(opts: SendOptions): Promise<Submission> {
   const body: SubmitRequest = defined({
     method: opts.method,
     payload: opts.payload ?? {},
+    payload_ref: opts.payloadRef,
     agent_id: opts.agentId,
     tags: [...(opts.tags ?? [])],
     capability: opts.capability,

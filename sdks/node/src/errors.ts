@@ -488,6 +488,34 @@ export class UnknownSession extends ReachError {
   static override readonly title: string = "Unknown session";
 }
 
+/** A payload blob cannot be stored, read or referenced as asked. */
+export class BlobError extends ReachError {
+  static override readonly slug: string = "blob-error";
+  static override readonly defaultStatus: number = 400;
+  static override readonly title: string = "Blob error";
+}
+
+/** No blob with this id (one of another caller's looks the same). */
+export class UnknownBlob extends BlobError {
+  static override readonly slug: string = "unknown-blob";
+  static override readonly defaultStatus: number = 404;
+  static override readonly title: string = "Unknown blob";
+}
+
+/** The blob is already the payload of another task (a blob goes with one task). */
+export class BlobTaken extends BlobError {
+  static override readonly slug: string = "blob-taken";
+  static override readonly defaultStatus: number = 409;
+  static override readonly title: string = "Blob taken";
+}
+
+/** A blob link whose signature does not verify, or whose time is up. */
+export class InvalidBlobLink extends BlobError {
+  static override readonly slug: string = "invalid-blob-link";
+  static override readonly defaultStatus: number = 403;
+  static override readonly title: string = "Invalid blob link";
+}
+
 /** The request body exceeds the configured limit. */
 export class RequestTooLarge extends ReachError {
   static override readonly slug: string = "payload-too-large";
@@ -581,6 +609,10 @@ export const ERROR_CLASSES: readonly (typeof ReachError)[] = [
   LoopDetected,
   SessionClosed,
   UnknownSession,
+  BlobError,
+  UnknownBlob,
+  BlobTaken,
+  InvalidBlobLink,
   RequestTooLarge,
   HeadersTooLarge,
   MalformedRequest,

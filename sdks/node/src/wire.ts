@@ -105,6 +105,7 @@ export interface SubmitRequest {
   intent?: string | null;
   method?: string | null;
   payload?: Record<string, unknown>;
+  payload_ref?: string | null;
   rules?: Record<string, string | number | boolean>;
   timeout_ms?: number;
   session_id?: string | null;

@@ -74,6 +74,7 @@ test("what send and broadcast put on the wire is within the contract", async () 
       hub: url,
       method: "m",
       payload: { a: 1 },
+      payloadRef: "b-1",
       agentId: "a",
       tags: ["t"],
       capability: "c",
