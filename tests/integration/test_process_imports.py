@@ -1,8 +1,10 @@
 """What each hub process loads: memory that every process pays, so it is worth keeping out.
 
 Beat sends the schedule's tasks by name and needs neither the task modules nor the hub
-behind them; no running process needs Alembic (it is for ``reach db upgrade``). Each check
-runs a fresh interpreter, since this one has loaded everything.
+behind them; no running process needs Alembic (it is for ``reach db upgrade``). The MCP
+and A2A SDKs load with the first exchange that speaks them (about half a second and 15 MB
+each per process, for hubs that mostly never use them). Each check runs a fresh
+interpreter, since this one has loaded everything.
 """
 
 from __future__ import annotations
@@ -42,13 +44,22 @@ with open(os.environ["MODULES_FILE"], "w") as out:
     json.dump(sorted(sys.modules), out)
 """
 
-# The API's: the FastAPI application with its routes.
+# The API's: the FastAPI application with its routes, built.
 API = """
 import json, os, sys
 from reach.hub.api import create_app
+from reach.hub.settings import load_settings
+from reach.hub.storage import create_engine_for
+from reach.worker.context import HubContext
+settings = load_settings()
+engine = create_engine_for(settings.storage.resolved_database_url)
+create_app(HubContext(settings=settings, engine=engine))
 with open(os.environ["MODULES_FILE"], "w") as out:
     json.dump(sorted(sys.modules), out)
 """
+
+
+LAZY_SDKS = {"mcp", "mcp_types", "a2a"}  # loaded by the first exchange that speaks them
 
 
 def _modules(script: str, store_url: str, tmp_path: Path) -> set[str]:
@@ -77,13 +88,17 @@ def test_beat_loads_no_task_module_and_no_alembic(store_url: str, tmp_path: Path
     assert "alembic" not in loaded
 
 
-def test_worker_loads_no_alembic(store_url: str, tmp_path: Path) -> None:
+def test_worker_loads_no_alembic_and_no_mcp_or_a2a_sdk(store_url: str, tmp_path: Path) -> None:
     loaded = _modules(WORKER, store_url, tmp_path)
     assert {"reach.tasks.delivery", "reach.tasks.a2a", "reach.hub.context"} <= loaded
     assert not {m for m in loaded if m.split(".")[0] in {"alembic", "mako", "pygments"}}
+    assert not {m for m in loaded if m.split(".")[0] in LAZY_SDKS}
+    assert "reach.hub.interop.mcp.client" in loaded  # the MCP transport is there, its SDK not
 
 
-def test_api_loads_no_alembic(store_url: str, tmp_path: Path) -> None:
+def test_api_loads_no_alembic_and_no_mcp_or_a2a_sdk(store_url: str, tmp_path: Path) -> None:
     loaded = _modules(API, store_url, tmp_path)
     assert {"reach.hub.api.app", "reach.hub.context"} <= loaded
     assert not {m for m in loaded if m.split(".")[0] in {"alembic", "mako"}}
+    assert not {m for m in loaded if m.split(".")[0] in LAZY_SDKS}
+    assert "reach.hub.api.routes.mcp" in loaded  # /mcp and /a2a are mounted, their SDKs not

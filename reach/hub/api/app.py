@@ -35,7 +35,7 @@ from reach.hub.api.routes.dagruns import dag_router
 from reach.hub.api.routes.fleet import fleet_router
 from reach.hub.api.routes.listings import listing_router
 from reach.hub.api.routes.matching import match_router
-from reach.hub.api.routes.mcp import install_mcp
+from reach.hub.api.routes.mcp import McpEndpoint, install_mcp
 from reach.hub.api.routes.service import health_router, jwks_router, metrics_router
 from reach.hub.api.routes.sessions import session_router
 from reach.hub.api.routes.streams import dag_stream_router, stream_router
@@ -45,7 +45,6 @@ from reach.hub.context import HubContext
 from reach.hub.fleet.reachability import agent_rule
 from reach.hub.flow import admission
 from reach.hub.flow.memory import MemoryGauge
-from reach.hub.interop.mcp.server import McpService
 from reach.hub.ledger.streams import StreamHub
 from reach.hub.ledger.wakeups import Waiters
 
@@ -86,7 +85,7 @@ def create_app(
     network = agent_rule(ctx.settings, demo)
     waiters = Waiters()
     stream_hub = StreamHub(ctx, waiters)  # progress streams share one feed per task
-    mcp: McpService | None = None  # the MCP endpoint's transport, on the public surface
+    mcp: McpEndpoint | None = None  # the MCP endpoint, on the public surface
     beats = HeartbeatIntake(ctx, ctx.settings.heartbeat.flush_s)
 
     @contextlib.asynccontextmanager

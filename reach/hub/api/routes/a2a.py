@@ -11,16 +11,16 @@ document: JSON-RPC is described by the A2A specification, not by it.
 
 from __future__ import annotations
 
+import threading
+from types import ModuleType
 from typing import Annotated, Any
 
-from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from reach.core.security.auth import Action, Principal
 from reach.errors import NoSuitableAgent, UnknownAgent
-from reach.hub.api.a2a_server import ContextBuilder, HubRequestHandler, card_for, skills_of
 from reach.hub.api.auth import require
 from reach.hub.api.routes.tasks import Intake, read_task
 from reach.hub.context import HubContext
@@ -34,15 +34,36 @@ CARD = "/.well-known/agent-card.json"
 def a2a_router(
     ctx: HubContext, intake: Intake, require_auth: bool, waiters: Waiters, stream_hub: StreamHub
 ) -> APIRouter:
-    handler = HubRequestHandler(ctx, intake, waiters, stream_hub, read_task)
-    dispatcher = JsonRpcDispatcher(
-        handler, ContextBuilder(), enable_v0_3_compat=ctx.settings.a2a.v03_compat
-    )
+    # a2a-sdk is loaded by the first A2A request, not when the API starts: it costs an
+    # API process about 0.3 s, and most hubs are never asked for A2A
+    built: list[tuple[ModuleType, Any]] = []
+    building = threading.Lock()
+
+    def build() -> tuple[ModuleType, Any]:
+        with building:
+            if not built:
+                from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
+
+                from reach.hub.api import a2a_server
+
+                handler = a2a_server.HubRequestHandler(ctx, intake, waiters, stream_hub, read_task)
+                dispatcher = JsonRpcDispatcher(
+                    handler,
+                    a2a_server.ContextBuilder(),
+                    enable_v0_3_compat=ctx.settings.a2a.v03_compat,
+                )
+                built.append((a2a_server, dispatcher))
+            return built[0]
+
+    async def served() -> tuple[ModuleType, Any]:
+        """The hub's A2A module and a2a-sdk's dispatcher over its handler."""
+        return built[0] if built else await run_in_threadpool(build)
+
     router = APIRouter(tags=["a2a"], include_in_schema=False)
 
-    def skills(target: dict[str, Any]) -> list[dict[str, Any]]:
+    def skills(server: ModuleType, target: dict[str, Any]) -> list[dict[str, Any]]:
         with ctx.reading() as session:
-            found = skills_of(session, target)
+            found: list[dict[str, Any]] | None = server.skills_of(session, target)
         if found is None and "agent_id" in target:
             agent_id = target["agent_id"]
             raise UnknownAgent(f"agent {agent_id!r} is not registered", agent_id=agent_id)
@@ -52,15 +73,18 @@ def a2a_router(
         return found
 
     async def card(request: Request, target: dict[str, Any], path: str, name: str) -> Response:
-        found = await run_in_threadpool(skills, target)
+        server, _dispatcher = await served()
+        found = await run_in_threadpool(skills, server, target)
         base = str(request.base_url).rstrip("/")
         description = f"{name}, reached through Agent-Reach (routing, retries, dead letters)"
-        return JSONResponse(card_for(name, description, base + path, found, require_auth))
+        return JSONResponse(server.card_for(name, description, base + path, found, require_auth))
 
     async def rpc(request: Request, target: dict[str, Any]) -> Response:
-        await run_in_threadpool(skills, target)  # 404 for a target that is not there
+        server, dispatcher = await served()
+        await run_in_threadpool(skills, server, target)  # 404 for a target that is not there
         request.state.reach_target = target
-        return await dispatcher.handle_requests(request)
+        response: Response = await dispatcher.handle_requests(request)
+        return response
 
     @router.get("/a2a/capability/{capability:path}" + CARD)
     async def capability_card(capability: str, request: Request, principal: Submits) -> Response:

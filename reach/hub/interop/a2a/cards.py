@@ -20,8 +20,6 @@ from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 import requests
-from a2a.types import AgentCard
-from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
 from pydantic import Field, ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -143,6 +141,10 @@ def fetch_card(url: str, timeout: float, *, allow_loopback: bool, rule: NetworkR
         ) from None
     if not isinstance(body, dict):
         raise InvalidAgentCard(f"the agent card at {card_url} is not a JSON object")
+    # a2a-sdk on first use: an API process that never reads a card never loads it
+    from a2a.types import AgentCard
+    from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
+
     try:
         parsed = ParseDict(body, AgentCard(), ignore_unknown_fields=True)
     except ParseError as exc:

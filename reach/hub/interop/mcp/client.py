@@ -20,20 +20,22 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpcore2
 import httpx2
-from mcp.client.session import ClientSession
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.exceptions import MCPError
-from mcp_types import PaginatedRequestParams
 
 from reach.core.delivery.answers import AgentAnswer
 from reach.core.interop.mcp import servers as rules
 from reach.core.security.networks import NetworkRule
 from reach.errors import McpServerUnavailable
 from reach.hub.security.networks import AddressRefusedError, judge_host
+
+if TYPE_CHECKING:
+    from mcp.client.session import ClientSession
+
+# ``mcp`` is imported by the functions that speak it, on first use: it costs every hub
+# process ~0.5 s and ~15 MB at start-up, and most hubs never reach an MCP server.
 
 ProgressFn = Callable[[float | None, str], Awaitable[None]]
 """Where a call's progress notifications go: the fraction done (None: no total), the text."""
@@ -97,6 +99,9 @@ async def _session(
     """An initialized MCP session with the server at ``url`` and the server's name. An
     event of its stream four times past ``max_bytes`` breaks it (memory stays bounded);
     a result past ``max_bytes`` but within that is read, then refused by `call_tool`."""
+    from mcp.client.session import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
     async with (
         _client(rule, connect_timeout, timeout) as http,
         streamable_http_client(url, http_client=http, max_sse_event_size=4 * max_bytes) as (
@@ -130,10 +135,17 @@ def described(exc: BaseException) -> str:
     if has(httpx2.HTTPStatusError):
         status = next(e for e in chain if isinstance(e, httpx2.HTTPStatusError)).response
         return f"unreachable: the MCP server answered HTTP {status.status_code}"
-    mcp_error = next((e for e in chain if isinstance(e, MCPError)), None)
+    mcp_error = _mcp_error(chain)
     if mcp_error is not None:
         return f"unreachable: the MCP session failed ({mcp_error.code})"
     return f"unreachable: {type(exc).__name__}"
+
+
+def _mcp_error(chain: list[BaseException]) -> Any:
+    """The chain's MCP session error, if it holds one (an ``mcp.shared.exceptions.MCPError``)."""
+    from mcp.shared.exceptions import MCPError
+
+    return next((e for e in chain if isinstance(e, MCPError)), None)
 
 
 def _chain(exc: BaseException) -> list[BaseException]:
@@ -164,6 +176,8 @@ class Listing:
 async def list_tools(url: str, rule: NetworkRule | None, timeout: float) -> Listing:
     """``initialize`` and every page of ``tools/list``; `McpServerUnavailable` if the
     server does not answer them within ``timeout`` seconds."""
+    from mcp_types import PaginatedRequestParams
+
     try:
         async with asyncio.timeout(timeout):
             async with _session(url, rule, timeout, timeout) as (session, name):
@@ -240,7 +254,7 @@ async def call_tool(
     except TimeoutError:
         return AgentAnswer(None, None, f"timed out: no whole answer within {total:.1f}s")
     except Exception as exc:
-        refused = next((e for e in _chain(exc) if isinstance(e, MCPError)), None)
+        refused = _mcp_error(_chain(exc))
         if refused is not None and not _transport_failed(exc):
             envelope = rules.rpc_error_envelope(refused.code, refused.message)
             if envelope is not None:

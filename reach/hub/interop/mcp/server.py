@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import anyio
@@ -36,7 +36,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.exceptions import MCPError
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.types import Receive, Send
 from starlette.types import Scope as AsgiScope
@@ -46,13 +46,13 @@ from reach.core.interop.mcp import serving as rules
 from reach.core.interop.mcp.serving import Scope, Tool
 from reach.core.ledger.statuses import TERMINAL, TaskStatus
 from reach.core.security.auth import Principal
-from reach.errors import HubUnavailable, InvalidQuery, InvalidTaskRequest, ReachError
+from reach.errors import HubUnavailable, InvalidTaskRequest, ReachError
 from reach.hub.gates import approvals
-from reach.hub.interop.mcp.tools import check_scope, read_tool, read_tools
+from reach.hub.interop.mcp.tools import SCOPE_STATE, check_scope, read_tool, read_tools
 from reach.hub.ledger import streams
 from reach.hub.ledger.longpoll import long_poll
 from reach.hub.ledger.tasks import Publish
-from reach.wire.schemas import AgentId, CapabilityType, SubmitRequest, Tag
+from reach.wire.schemas import SubmitRequest
 
 if TYPE_CHECKING:
     from reach.hub.context import HubContext
@@ -61,42 +61,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("reach.hub.interop.mcp")
 
-SCOPE_STATE = "reach_mcp_scope"  # request.state: the endpoint's Scope
 INSTRUCTIONS = (
     "Agent-Reach hub: each tool is a capability of the hub's agents. A call is a task, "
     "routed to a live agent, retried, dead-lettered when retries run out; a capability "
     "that needs a human approval answers at once with the approval's id."
 )
-_AGENT = TypeAdapter(AgentId)
-_TAG = TypeAdapter(Tag)
-_CAPABILITY = TypeAdapter(CapabilityType)
-_SCOPE_KEYS = frozenset({"agent", "tag", "capability"})
 
 ReadTask = Callable[[Any, str, Request, Principal], dict[str, Any]]
 """The API's read of one task for a principal (its visibility rules applied)."""
-
-
-def scope_of(query: Mapping[str, list[str]]) -> Scope:
-    """The endpoint's scope from its query (``?agent=ID``, ``?tag=T`` (repeatable: every
-    tag), ``?capability=C``, combinable); `InvalidQuery` naming what is wrong."""
-    unknown = sorted(set(query) - _SCOPE_KEYS)
-    if unknown:
-        raise InvalidQuery(
-            f"unknown parameter {unknown[0]!r}: an MCP endpoint is scoped by agent, tag "
-            "or capability",
-            parameter=unknown[0],
-        )
-    for key in ("agent", "capability"):
-        if len(query.get(key, ())) > 1:
-            raise InvalidQuery(f"{key} given more than once", parameter=key)
-    try:
-        agents = [_AGENT.validate_python(v) for v in query.get("agent", ())]
-        tags = tuple(sorted({_TAG.validate_python(v) for v in query.get("tag", ())}))
-        capabilities = [_CAPABILITY.validate_python(v) for v in query.get("capability", ())]
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise InvalidQuery(f"bad scope: {first['msg']}", value=str(first["input"])) from None
-    return Scope(next(iter(agents), None), tags, next(iter(capabilities), None))
 
 
 class HubMcp:

@@ -7,14 +7,45 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import exists, select
 from sqlalchemy.orm import Session
 
 from reach.core.interop.mcp.serving import Scope, Tool, tools_of
 from reach.core.ledger.statuses import InstanceStatus
-from reach.errors import NoSuitableAgent, UnknownAgent
+from reach.errors import InvalidQuery, NoSuitableAgent, UnknownAgent
 from reach.hub.gates import approvals
 from reach.hub.storage.models import AgentCapabilityRow, AgentRow, AgentTagRow, InstanceRow
+from reach.wire.schemas import AgentId, CapabilityType, Tag
+
+SCOPE_STATE = "reach_mcp_scope"  # request.state: the endpoint's Scope
+_AGENT = TypeAdapter(AgentId)
+_TAG = TypeAdapter(Tag)
+_CAPABILITY = TypeAdapter(CapabilityType)
+_SCOPE_KEYS = frozenset({"agent", "tag", "capability"})
+
+
+def scope_of(query: Mapping[str, list[str]]) -> Scope:
+    """The endpoint's scope from its query (``?agent=ID``, ``?tag=T`` (repeatable: every
+    tag), ``?capability=C``, combinable); `InvalidQuery` naming what is wrong."""
+    unknown = sorted(set(query) - _SCOPE_KEYS)
+    if unknown:
+        raise InvalidQuery(
+            f"unknown parameter {unknown[0]!r}: an MCP endpoint is scoped by agent, tag "
+            "or capability",
+            parameter=unknown[0],
+        )
+    for key in ("agent", "capability"):
+        if len(query.get(key, ())) > 1:
+            raise InvalidQuery(f"{key} given more than once", parameter=key)
+    try:
+        agents = [_AGENT.validate_python(v) for v in query.get("agent", ())]
+        tags = tuple(sorted({_TAG.validate_python(v) for v in query.get("tag", ())}))
+        capabilities = [_CAPABILITY.validate_python(v) for v in query.get("capability", ())]
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise InvalidQuery(f"bad scope: {first['msg']}", value=str(first["input"])) from None
+    return Scope(next(iter(agents), None), tags, next(iter(capabilities), None))
 
 
 def read_tools(session: Session, scope: Scope, policy: approvals.ApprovalPolicy) -> list[Tool]:
