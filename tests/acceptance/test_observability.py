@@ -31,6 +31,7 @@ import requests
 
 import reach
 from reach.core.security.auth import Scope
+from reach.errors import CircuitOpen
 from reach.hub.security import apikeys
 from reach.hub.storage import create_engine_for, session_factory
 from tests.acceptance.test_reach_tokens import Key, TokenAgent
@@ -142,14 +143,21 @@ def _send_traffic(
     posted = wait_until(lambda: receiver.requests(path), timeout=30, what="the callback")
     headers = {k.lower(): v for k, v in posted[0]["headers"].items()}
     run.secrets["callback_signature"] = headers["reach-signature"]
-    for n in range(4):  # fail, retry once, open the breaker (per worker process), end dead
-        sub = reach.send(
-            agent_id="obs-flaky",
-            method="work.do",
-            payload={"n": n},
-            hub=hub,
-            api_key=caller.secret,
-        )
+    # fail, retry once, open the breaker (per worker process), end dead; once the breaker
+    # is open, admission refuses the next submit (503 circuit-open) -- how soon depends on
+    # how fast the failures come back, so the refusal ends the burst, it is not a fault
+    for n in range(4):
+        try:
+            sub = reach.send(
+                agent_id="obs-flaky",
+                method="work.do",
+                payload={"n": n},
+                hub=hub,
+                api_key=caller.secret,
+            )
+        except CircuitOpen:
+            assert run.dead, "the breaker was open before any task had failed"
+            break
         run.dead.append(sub.task_id)
     first = run.dead[0]  # the others go on through retries and the breaker meanwhile
     wait_until(lambda: _status(run, first) == "dead", timeout=90, what=f"{first} dead-lettered")
