@@ -152,10 +152,10 @@ def start(
     if not enabled():
         return None
     from opentelemetry import trace as otel
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-    ctx = TraceContextTextMapPropagator().extract({HEADER: parent}) if parent else None
-    return otel.get_tracer(TRACER_NAME).start_span(
+    tracer, propagator = _tracing()
+    ctx = propagator.extract({HEADER: parent}) if parent else None
+    return tracer.start_span(
         name,
         context=ctx,
         kind=getattr(otel.SpanKind, kind.upper()),
@@ -163,15 +163,30 @@ def start(
     )
 
 
+_made: tuple[Any, Any] | None = None
+
+
+def _tracing() -> tuple[Any, Any]:
+    """This process's tracer and W3C propagator, made once: ``get_tracer`` builds a new
+    tracer (and its instrumentation scope) on every call, a cost per span on the hot path.
+    Before a provider is installed the tracer is OpenTelemetry's proxy, which follows the
+    provider installed later."""
+    global _made
+    if _made is None:
+        from opentelemetry import trace as otel
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        _made = (otel.get_tracer(TRACER_NAME), TraceContextTextMapPropagator())
+    return _made
+
+
 def finish(span: Any, outcome: str, error: str | None = None, **attributes: Any) -> None:
     """End ``span`` (from `start`; None is fine) with its outcome; once (a second call,
     e.g. a recording retried after a database outage, does nothing)."""
     if span is None or not span.is_recording():
         return
-    span.set_attribute("reach.outcome", outcome)
-    for key, value in attributes.items():
-        if value is not None:
-            span.set_attribute(key, value)
+    ended = {k: v for k, v in attributes.items() if v is not None}
+    span.set_attributes({"reach.outcome": outcome, **ended})  # one lock, not one per key
     if error is not None:
         from opentelemetry.trace import Status, StatusCode
 
