@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncGenerator, Callable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from a2a.server.context import ServerCallContext
 from a2a.server.events.event_queue import Event
@@ -79,6 +79,12 @@ from reach.hub.ledger.tasks import (
 )
 from reach.hub.storage.models import AgentCapabilityRow, AgentRow
 from reach.wire.schemas import SubmitRequest
+
+if TYPE_CHECKING:
+    from reach.hub.api.routes.tasks import Intake
+    from reach.hub.context import HubContext
+    from reach.hub.ledger.streams import StreamHub
+    from reach.hub.ledger.wakeups import Waiters
 
 log = logging.getLogger("reach.hub.interop.a2a")
 
@@ -168,7 +174,12 @@ class HubRequestHandler(RequestHandler):
     """a2a-sdk's request handler interface, answered with the hub's tasks."""
 
     def __init__(
-        self, ctx: Any, intake: Any, waiters: Any, stream_hub: Any, read: ReadTask
+        self,
+        ctx: HubContext,
+        intake: Intake,
+        waiters: Waiters | None,
+        stream_hub: StreamHub,
+        read: ReadTask,
     ) -> None:
         """``intake`` and ``read`` are the API's own submit and read of a task (with its
         screening and ownership rules): the A2A edge answers exactly as ``/v1/tasks``."""
@@ -216,7 +227,7 @@ class HubRequestHandler(RequestHandler):
             attempt = Publish(view["task_id"], 1, 0.0, queue_for(view.get("priority")))
             await run_in_threadpool(self.ctx.publish_premarked, attempt)
         context.state["context_id"] = params.message.context_id or view["task_id"]
-        return cast(dict[str, Any], view)
+        return view
 
     def _skills(self, target: dict[str, Any]) -> list[dict[str, Any]]:
         with self.ctx.reading() as session:

@@ -55,6 +55,7 @@ from reach.hub.ledger.tasks import Publish
 from reach.wire.schemas import SubmitRequest
 
 if TYPE_CHECKING:
+    from reach.hub.api.routes.tasks import Intake
     from reach.hub.context import HubContext
     from reach.hub.ledger.streams import StreamHub
     from reach.hub.ledger.wakeups import Waiters
@@ -80,7 +81,7 @@ class HubMcp:
     def __init__(
         self,
         ctx: HubContext,
-        intake: Any,
+        intake: Intake,
         waiters: Waiters | None,
         stream_hub: StreamHub,
         read: ReadTask,
