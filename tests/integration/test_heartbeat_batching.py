@@ -5,9 +5,13 @@ after ``missed_intervals`` x its interval."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
+import anyio.to_thread
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, select
@@ -145,3 +149,46 @@ def test_a_batch_records_the_transitions_it_makes(
     assert transitions(engine, "busy") == [("online", "offline"), ("offline", "degraded")]
     assert row(engine, "same").last_heartbeat == at + 0.5
     assert row(engine, "gone").status == "deregistered"
+
+
+def test_a_quiet_beat_is_answered_while_every_worker_thread_is_busy(
+    client: TestClient, engine: Engine, clock: ManualClock
+) -> None:
+    """A fleet's quiet beats are only buffered, so the API answers them on its event loop:
+    requests that hold every worker thread (slow database work) do not delay them. A beat
+    that must be written still waits for a thread."""
+    register(client, "quiet", interval=2)
+    register(client, "busy", interval=2, host=6)
+    clock.advance(1)
+    assert beat(client, "busy")["status"] == "online"
+    hold = threading.Event()
+    portal = client.portal
+    assert portal is not None
+
+    async def occupy() -> None:  # every thread of the app's pool taken, until released
+        anyio.to_thread.current_default_thread_limiter().total_tokens = 1
+        await anyio.to_thread.run_sync(hold.wait)
+
+    async def borrowed() -> int:
+        return int(anyio.to_thread.current_default_thread_limiter().borrowed_tokens)
+
+    held = portal.start_task_soon(occupy)
+    pool = ThreadPoolExecutor(2)
+    try:
+        wait_until(lambda: portal.call(borrowed) == 1, 10, what="the pool held")
+        quiet = pool.submit(beat, client, "quiet")
+        written = pool.submit(beat, client, "busy", in_flight=1)  # must be written
+        try:
+            assert quiet.result(timeout=10)["status"] == "online"
+        except FutureTimeout:
+            pytest.fail("a quiet beat waited for a worker thread")
+        with pytest.raises(FutureTimeout):
+            written.result(timeout=0.5)
+        hold.set()
+        assert written.result(timeout=10)["status"] == "online"
+        last = clock.now()
+        wait_until(lambda: row(engine, "quiet").last_heartbeat == last, 10, what="beat written")
+    finally:
+        hold.set()  # before the pool's shutdown: its requests may be waiting for the thread
+        pool.shutdown(wait=True)
+        held.result(timeout=10)

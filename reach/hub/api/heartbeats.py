@@ -50,6 +50,12 @@ class HeartbeatIntake:
 
     def take(self, hb: HeartbeatRequest) -> Taken:
         """Record (or buffer) one heartbeat; raises `UnknownInstance` as the registry does."""
+        return self.buffered(hb) or self.write(hb)
+
+    def buffered(self, hb: HeartbeatRequest) -> Taken | None:
+        """The answer to a quiet beat, kept for the next flush; None when it must be
+        written (`write`). No I/O, only this process's memory: the API answers it on its
+        event loop, without a worker thread."""
         now = self._ctx.clock.now()
         quiet = Quiet(hb.agent_id, hb.in_flight, hb.consecutive_failure_count)
         with self._lock:
@@ -69,6 +75,11 @@ class HeartbeatIntake:
                 return registry.Beat(known.status, known.interval, known.alerted), {}
             # written now: an older buffered beat of it must not land after this one
             self._pending.pop(hb.instance_id, None)
+        return None
+
+    def write(self, hb: HeartbeatRequest) -> Taken:
+        """Write one heartbeat at once (a transaction: call it off the event loop)."""
+        now = self._ctx.clock.now()
         taken = self._ctx.write(self._writer(hb, now))
         metrics.HEARTBEATS_TOTAL.inc()
         self._learn({hb.instance_id: taken[0]}, {hb.instance_id: hb.agent_id}, now)
