@@ -26,12 +26,10 @@ from bench.processes import Hub
 ENTRY_MODULES = ("reach.hub.api", "reach.worker.app")
 
 
-def _role(proc: psutil.Process, parent_role: str | None) -> str:
+def _role(proc: psutil.Process) -> str:
+    """Which ``reach`` command a hub process runs (``api``, ``worker``, ``beat``)."""
     line = " ".join(proc.cmdline())
-    for role in ("api", "worker", "beat"):
-        if f" {role}" in line:
-            return role if parent_role is None else f"{parent_role} child"
-    return parent_role or "?"
+    return next((role for role in ("api", "worker", "beat") if f" {role}" in line), "?")
 
 
 def snapshot(pids: list[int]) -> list[tuple[str, float, float]]:
@@ -40,7 +38,7 @@ def snapshot(pids: list[int]) -> list[tuple[str, float, float]]:
     for pid in pids:
         with contextlib.suppress(psutil.Error):
             root = psutil.Process(pid)
-            role = _role(root, None)
+            role = _role(root)
             for proc, name in [(root, role)] + [
                 (child, f"{role} child") for child in root.children(recursive=True)
             ]:
