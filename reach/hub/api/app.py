@@ -15,6 +15,7 @@ from reach.core.security.auth import auth_required, is_loopback_host
 from reach.hub import tracing
 from reach.hub.api.admission import MemoryAdmissionMiddleware
 from reach.hub.api.auth import AuthMiddleware
+from reach.hub.api.beatpath import QuietBeatPath
 from reach.hub.api.heartbeats import HeartbeatIntake
 from reach.hub.api.lockout import AuthLockout
 from reach.hub.api.problems import (
@@ -127,6 +128,8 @@ def create_app(
     server = ctx.settings.server
     gauge = MemoryGauge.configured(server.memory_limit_bytes, server.memory_admission_ratio)
     app.add_middleware(MemoryAdmissionMiddleware, gauge=gauge)
+    if surface in (Surface.ALL, Surface.PUBLIC):  # quiet heartbeats, once the key is known
+        app.add_middleware(QuietBeatPath, intake=beats)
     # added last, so outermost: a request without a valid credential is refused before
     # its body is read
     lockout = AuthLockout.configured(ctx.settings)  # bearer failures and sign-ins alike

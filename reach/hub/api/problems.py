@@ -232,18 +232,18 @@ class InputGuardMiddleware:
         while True:
             message = await receive()
             if message["type"] != "http.request":
-                await self.app(scope, _replay([message], receive), send)
+                await self.app(scope, replay([message], receive), send)
                 return
             chunks.append(message.get("body", b""))
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
-        wrong = body_refusal(body, _content_type(scope))
+        wrong = body_refusal(body, content_type(scope))
         if wrong is not None:
             await self._refuse(scope, send, wrong)
             return
         replayed: Message = {"type": "http.request", "body": body, "more_body": False}
-        await self.app(scope, _replay([replayed], receive), send)
+        await self.app(scope, replay([replayed], receive), send)
 
     async def _refuse(self, scope: Scope, send: Send, detail: str) -> None:
         path = scope.get("path") or ""
@@ -306,20 +306,20 @@ def _nul_in(value: Any, where: str) -> str | None:
     return None
 
 
-def _content_type(scope: Scope) -> str:
+def content_type(scope: Scope) -> str:
     for name, value in scope.get("headers") or []:
         if name == b"content-type":
             return str(value.decode("latin-1").lower())
     return ""
 
 
-def _replay(messages: list[Message], receive: Receive) -> Receive:
+def replay(messages: list[Message], receive: Receive) -> Receive:
     """A receive that hands out ``messages`` first, then the real one's."""
     pending = list(messages)
 
-    async def replay() -> Message:
+    async def replayed() -> Message:
         if pending:
             return pending.pop(0)
         return await receive()
 
-    return replay
+    return replayed
