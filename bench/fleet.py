@@ -42,7 +42,7 @@ HEARTBEAT_S = 10.0
 
 
 @contextlib.contextmanager
-def _listeners(count: int) -> Iterator[int]:
+def listeners(count: int) -> Iterator[int]:
     """A listening socket on ``127.x.y.z:port`` for each of ``count`` idle instances (the
     loopback block only), one thread accepting on all: a probe's connection is accepted
     and closed. Yields the port they share."""
@@ -235,7 +235,7 @@ def fleet(plan: Plan, home: Path, log: Any, rate: float | None = None) -> dict[s
         hub.start()
         bench.agent("echo")
         total = max(sizes) + plan.fleet_probe_registrations * len(sizes)
-        with _listeners(total) as port:
+        with listeners(total) as port:
             fleet_ = Fleet(hub.url, port)
             fleet_.start_heartbeats()
             try:

@@ -32,7 +32,7 @@ from bench.processes import Hub
 
 
 def measure(instances: int, seconds: float, senders: int, profile: Path | None) -> dict[str, float]:
-    with tempfile.TemporaryDirectory() as home, fleet_part._listeners(instances) as port:
+    with tempfile.TemporaryDirectory() as home, fleet_part.listeners(instances) as port:
         hub = Hub(Path(home)).start()
         try:
             fleet = fleet_part.Fleet(hub.url, port)

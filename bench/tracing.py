@@ -12,6 +12,8 @@ A loaded box moves a whole hub's CPU per message by more than tracing costs, so
 ``python -m bench.tracing`` also measures the spans alone, in process: the task's and the
 attempt's spans of ``reach.hub.tracing`` made, ended and exported over OTLP/HTTP (to a
 sink in the same process, whose CPU counts too: an upper bound), per message, on and off.
+``python -m bench.tracing api [ROUNDS]`` measures the API's submit in process (`api_loop`):
+off, on, and on without FastAPI's server span, alternating, each in a fresh process.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import cost, scenarios
-from bench.processes import Hub
+from bench.processes import REDIS_URL, Hub
 
 
 @contextmanager
@@ -147,9 +149,78 @@ def in_process(on: bool, messages: int = 3000) -> float:
         return 1000 * (time.process_time() - started) / messages
 
 
+def api_loop(on: bool, server_span: bool = True, submits: int = 750) -> dict[str, float]:
+    """The API's CPU per submit with tracing on or off, in process: its app under
+    Starlette's TestClient on SQLite (the bench's Redis as broker), one caller submitting
+    one task after another. ``server_span`` False leaves out FastAPI's server span (what
+    the hub's own spans cost alone). Every thread of this process counts, user and system
+    apart; under a thousand submits, the agent's queue bound."""
+    import tempfile
+
+    import psutil
+    from fastapi.testclient import TestClient
+
+    from bench.processes import redis_db
+    from reach.hub import tracing
+    from reach.hub.api import create_app
+    from reach.hub.settings import load_settings
+    from reach.hub.storage.engine import upgrade_database
+    from reach.worker.context import HubContext
+
+    with _sink() as (endpoint, received), tempfile.TemporaryDirectory() as home:
+        if on:
+            os.environ.update(OTEL_TRACES_EXPORTER="otlp", OTEL_EXPORTER_OTLP_ENDPOINT=endpoint)
+        database = f"sqlite:///{home}/reach.db"
+        broker = redis_db(REDIS_URL, 9)
+        os.environ.update(
+            REACH_HOME=home,
+            REACH_DATABASE_URL=database,
+            REACH_BROKER_URL=broker,
+            REACH_RESULT_BACKEND=broker,
+        )
+        upgrade_database(database)
+        tracing.setup("reach-api")
+        if not server_span:
+            tracing.TRACED_REQUESTS = frozenset()
+        with TestClient(create_app(HubContext.from_settings(load_settings()))) as client:
+            agent = {"agent_id": "a", "instance_id": "a-1", "addr": "127.0.0.1:9"}
+            client.post("/v1/agents/register", json={**agent, "allow_loopback": True})
+
+            def submit(i: int) -> None:
+                body = {"agent_id": "a", "method": "m", "payload": {"i": i}}
+                assert client.post("/v1/tasks", json=body).status_code == 202
+
+            for i in range(150):  # warm
+                submit(i)
+            me = psutil.Process()
+            before = me.cpu_times()
+            for i in range(submits):
+                submit(i)
+            after = me.cpu_times()
+        exported = len(received)
+    return {
+        "user_ms": round(1000 * (after.user - before.user) / submits, 3),
+        "system_ms": round(1000 * (after.system - before.system) / submits, 3),
+        "exports": exported,
+    }
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] in (["on"], ["off"]):
         print(f"{in_process(sys.argv[1] == 'on'):.4f}")
+    elif sys.argv[1:2] == ["api-run"]:  # one configuration, in this fresh process
+        mode = sys.argv[2]
+        print(api_loop(mode != "off", server_span=mode != "on-no-server-span"))
+    elif sys.argv[1:2] == ["api"]:  # each configuration in a fresh process, alternating
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+        for round_no in range(rounds):
+            for mode in ("off", "on", "on-no-server-span"):
+                out = subprocess.run(
+                    [sys.executable, "-m", "bench.tracing", "api-run", mode],
+                    env=env, capture_output=True, text=True, check=True,
+                ).stdout.strip().splitlines()[-1]  # fmt: skip
+                print(f"round {round_no + 1} {mode}: {out} CPU per submit")
     else:  # each in a fresh process: a tracer provider is installed once per process
         env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
         for mode in ("off", "on"):
