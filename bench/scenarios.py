@@ -263,7 +263,7 @@ class Plan:
         return self.loop_alert_threshold + 2
 
     priority_rate: float = 20.0  # online single hops a second, unloaded and under the flood
-    bg_latency: float = 0.25  # the background agent's answer time (sync: holds a worker slot)
+    bg_latency: float = 0.25  # the background agent's answer time (its slots: the worker's count)
     bg_drain: float = 90.0
 
     @property

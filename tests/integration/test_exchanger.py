@@ -50,8 +50,10 @@ class HoldingAgent:
     """Answers each delivery once released (or after ``hold`` s), counting how many it
     holds at once."""
 
-    def __init__(self, hold: float = 30.0) -> None:
+    def __init__(self, hold: float = 30.0, slots: int = 0) -> None:
         self.hold = hold
+        self.slots = slots  # past these at once it answers 429, as an SDK agent (0: none)
+        self.busy = 0  # 429s answered
         self.release = threading.Event()
         self.lock = threading.Lock()
         self.now = 0
@@ -66,13 +68,22 @@ class HoldingAgent:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with outer.lock:
                     outer.calls += 1
+                    busy = 0 < outer.slots <= outer.now
+                    outer.busy += busy
+                if busy:
+                    self._answer(429, {"code": 429, "message": "agent at max_concurrency"})
+                    return
+                with outer.lock:
                     outer.now += 1
                     outer.most = max(outer.most, outer.now)
                 outer.release.wait(outer.hold)
                 with outer.lock:
                     outer.now -= 1
-                data = json.dumps({"code": 0, "data": {"done": body["task_id"]}}).encode()
-                self.send_response(200)
+                self._answer(200, {"code": 0, "data": {"done": body["task_id"]}})
+
+            def _answer(self, status: int, answer: dict[str, Any]) -> None:
+                data = json.dumps(answer).encode()
+                self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -235,6 +246,32 @@ def test_at_most_max_concurrency_at_one_instance(
         wait_until(lambda: ex.in_flight == 0, timeout=30, what="all recorded")
         assert {row(db, t).status for t in ids} == {"success"}
         assert agent.most == 2  # the others waited on the loop, not at the agent (no 429)
+    finally:
+        agent.close()
+
+
+def test_a_busy_instance_429_is_sent_again_from_the_loop_not_deferred(
+    db: sessionmaker[Session], transport: AgentTransport
+) -> None:
+    """Two exchangers, as two prefork children of one worker, each keeping its own count
+    of an instance's 2 slots: 4 exchanges reach it and it answers 429 to those past 2.
+    Each is sent again from the loop until taken: every task succeeds on its first
+    attempt, none deferred (before, each 429 was deferred through the store)."""
+    agent = HoldingAgent(hold=0.2, slots=2)
+    try:
+        p = pipeline(db)
+        ids = tasks(db, agent.addr, 12, max_concurrency=2)
+        children = [exchanger(p, transport) for _ in range(2)]
+        for n, task_id in enumerate(ids):
+            children[n % 2].hand_over(begun(p, task_id))
+        wait_until(
+            lambda: all(ex.in_flight == 0 for ex in children), timeout=60, what="all recorded"
+        )
+        rows = [row(db, t) for t in ids]
+        assert {r.status for r in rows} == {"success"}
+        assert agent.busy > 0  # the instance did refuse some as busy
+        assert [(r.deferrals, r.attempt_seq) for r in rows] == [(0, 1)] * len(ids)
+        assert agent.calls == len(ids) + agent.busy  # each 429 sent again, nothing else
     finally:
         agent.close()
 

@@ -22,7 +22,10 @@ At most ``exchanges.max_in_flight`` exchanges per process: past it, `hand_over` 
 the slot until one ends (backpressure onto the broker's queue, not unbounded memory).
 And at most an instance's declared ``max_concurrency`` of them at that instance: the
 others wait on the loop for a place (no slot, no agent time spent on a 429) for as long
-as their exchange's budget, and only then count as the instance's backpressure. One that
+as their exchange's budget, and only then count as the instance's backpressure. Other
+processes' exchanges are not counted, so an instance may still answer 429 (busy): the
+exchange is sent again from the loop after a short wait while its budget lasts
+(`reach.core.delivery.busy`), not deferred through the store and the broker. One that
 waited is looked at again before it is sent: a task whose session closed meanwhile is
 cancelled unsent, and an instance whose breaker opened meanwhile is not sent to.
 """
@@ -41,6 +44,7 @@ from typing import Any
 from prometheus_client import Counter
 
 from reach.core.delivery.answers import AgentAnswer
+from reach.core.delivery.busy import resend_after
 from reach.core.interop import a2a as a2a_rules
 from reach.core.interop.channel import redacted
 from reach.core.security.networks import NetworkRule
@@ -58,7 +62,8 @@ log = logging.getLogger("reach.hub.delivery.exchanger")
 
 EXCHANGES_TOTAL = Counter(
     "agentreach_exchanges_total",
-    "Agent exchanges started and ended by workers (in flight: started - ended).",
+    "Agent exchanges started and ended by workers (in flight: started - ended), and sent "
+    "again after a busy instance's 429 (resent_busy).",
     ["stage"],
 )
 CANCELLED = Exchanged(AgentAnswer(None, None, "cancelled before it was sent"))
@@ -139,7 +144,7 @@ class Exchanger:
 
         started = time.perf_counter()
         try:
-            exchanged = await self._at_instance(d, progress, started)
+            exchanged = await self._until_taken(d, progress, started)
         except Exception as exc:  # a transport's bug must not lose the attempt: transient
             log.exception("exchange of %s#%d failed", d.task_id, d.attempt_seq)
             # its kind only: an exception's text may name the agent's address and port
@@ -153,6 +158,22 @@ class Exchanger:
             await loop.run_in_executor(self._recorder, self._conclude, d, exchanged, elapsed)
         except RuntimeError:  # the recorder shut down: the process is leaving
             self._ended(d)
+
+    async def _until_taken(self, d: Dispatch, progress: ProgressSink, started: float) -> Exchanged:
+        """The exchange, sent again from the loop while the instance answers 429 (busy:
+        another process's exchanges fill its slots) and the attempt's budget lasts
+        (`reach.core.delivery.busy`); the last answer otherwise."""
+        budget, resends = d.timeout, 0
+        while True:
+            exchanged = await self._at_instance(d, progress, time.perf_counter())
+            left = budget - (time.perf_counter() - started)
+            wait = resend_after(exchanged.answer.status, resends, left, self.pipeline.rng)
+            if wait is None or exchanged is CANCELLED:
+                return exchanged
+            EXCHANGES_TOTAL.labels("resent_busy").inc()
+            await asyncio.sleep(wait)
+            resends += 1
+            d = replace(d, timeout=budget - (time.perf_counter() - started))
 
     async def _at_instance(self, d: Dispatch, progress: ProgressSink, started: float) -> Exchanged:
         """The exchange, once the instance has a place for it (its ``max_concurrency``
