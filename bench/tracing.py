@@ -188,7 +188,8 @@ def api_loop(on: bool, server_span: bool = True, submits: int = 750) -> dict[str
 
             def submit(i: int) -> None:
                 body = {"agent_id": "a", "method": "m", "payload": {"i": i}}
-                assert client.post("/v1/tasks", json=body).status_code == 202
+                answer = client.post("/v1/tasks", json=body)
+                assert answer.status_code in (200, 201, 202), answer.text
 
             for i in range(150):  # warm
                 submit(i)
