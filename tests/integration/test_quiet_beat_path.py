@@ -72,6 +72,7 @@ async def _call(
     method: str = "POST",
     path: str = PATH,
     ctype: bytes = b"application/json",
+    query: bytes = b"",
 ) -> tuple[int, bytes]:
     """One request through ``app``: its status and body."""
     messages: list[Message] = [
@@ -82,6 +83,7 @@ async def _call(
         "type": "http",
         "method": method,
         "path": path,
+        "query_string": query,
         "headers": [(b"content-type", ctype)],
         "state": {} if principal is None else {"principal": principal},
     }
@@ -138,6 +140,7 @@ def test_a_quiet_beat_is_answered_from_memory(intake: HeartbeatIntake) -> None:
         ("too large", [body(), b" " * MAX_BODY], {}),
         ("another method", [body()], {"method": "PUT"}),
         ("another path", [body()], {"path": PATH + "/"}),
+        ("a query string", [body()], {"query": b"x=%00"}),
     ],
 )
 def test_anything_else_reaches_the_full_stack_unchanged(
@@ -151,7 +154,8 @@ def test_anything_else_reaches_the_full_stack_unchanged(
 
 def test_it_sits_inside_authentication_on_the_agent_facing_surfaces(ctx: HubContext) -> None:
     for surface, present in ((Surface.ALL, True), (Surface.PUBLIC, True), (Surface.ADMIN, False)):
-        layers = [m.cls for m in create_app(ctx, surface).user_middleware]  # outermost first
+        # outermost first
+        layers: list[object] = [m.cls for m in create_app(ctx, surface).user_middleware]
         assert (QuietBeatPath in layers) is present, surface
         if present:
             assert layers.index(AuthMiddleware) < layers.index(QuietBeatPath), surface

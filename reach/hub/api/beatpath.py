@@ -7,11 +7,12 @@ parsing and four middlewares each turn; here it costs one JSON validation.
 
 `QuietBeatPath` sits just inside `AuthMiddleware` (the principal is known, the body not yet
 read) and takes only the case it can answer exactly as the route would: ``POST
-/v1/agents/heartbeat`` with a JSON body of at most `MAX_BODY` bytes that the input guard
-would pass and `HeartbeatRequest` validates, from a principal that may act for the agent,
-for a beat the intake buffers. Anything else (a refusal to audit, a beat to write, a bad
-body, an unknown instance) goes on to the full stack with the bytes already read handed
-over unchanged, so every error keeps its one problem+json answer.
+/v1/agents/heartbeat`` without a query string, with a JSON body of at most `MAX_BODY`
+bytes that the input guard would pass and `HeartbeatRequest` validates, from a principal
+that may act for the agent, for a beat the intake buffers. Anything else (a refusal to
+audit, a beat to write, a bad body, an unknown instance) goes on to the full stack with
+the bytes already read handed over unchanged, so every error keeps its one problem+json
+answer.
 """
 
 from __future__ import annotations
@@ -38,7 +39,12 @@ class QuietBeatPath:
         self.intake = intake
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("path") != PATH or scope.get("method") != "POST":
+        if (
+            scope["type"] != "http"
+            or scope.get("path") != PATH
+            or scope.get("method") != "POST"
+            or scope.get("query_string")  # none is expected: the input guard judges one
+        ):
             await self.app(scope, receive, send)
             return
         principal = scope.get("state", {}).get("principal")
