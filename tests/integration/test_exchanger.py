@@ -21,7 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from reach.core.security.auth import OPEN
@@ -39,7 +39,7 @@ from reach.hub.intake import submission
 from reach.hub.ledger.tasks import Publish
 from reach.hub.settings import Settings
 from reach.hub.storage import session_factory
-from reach.hub.storage.models import TaskRow
+from reach.hub.storage.models import InstanceRow, TaskRow
 from reach.wire.schemas import RegisterRequest, SubmitRequest
 from tests.support.waiting import wait_until
 
@@ -293,6 +293,33 @@ def test_past_max_in_flight_a_hand_over_waits_for_a_place(
     assert handed.wait(10)
     wait_until(lambda: ex.in_flight == 0, timeout=10, what="all recorded")
     assert {row(db, t).status for t in ids} == {"success"}
+
+
+def test_an_attempt_whose_instance_breaker_opened_while_it_waited_is_not_sent(
+    db: sessionmaker[Session], agent: HoldingAgent, transport: AgentTransport
+) -> None:
+    """The hub's own 429 for an attempt that waited while the instance's breaker opened
+    is recorded as backpressure (a deferral), never sent again from the loop as an
+    instance's busy answer would be."""
+    p = pipeline(db)
+    ids = tasks(db, agent.addr, 2, max_concurrency=1)
+    ex = exchanger(p, transport)
+    first = begun(p, ids[0])
+    ex.hand_over(first)
+    ex.hand_over(begun(p, ids[1]))
+    wait_until(lambda: agent.held() == 1, timeout=10, what="the first at the agent")
+    with db.begin() as s:
+        s.execute(
+            update(InstanceRow)
+            .where(InstanceRow.instance_id == first.instance_id)
+            .values(breaker_open_until=time.time() + 300)
+        )
+    agent.release.set()
+    wait_until(lambda: ex.in_flight == 0, timeout=10, what="both ended")
+    time.sleep(0.3)  # a resend from the loop would come within 0.1 s
+    assert agent.calls == 1  # the waiting one was never sent
+    waited = row(db, ids[1])
+    assert (waited.status, waited.deferrals) == ("pending", 1)
 
 
 def test_an_attempt_whose_session_closed_while_it_waited_is_cancelled_unsent(

@@ -66,7 +66,7 @@ EXCHANGES_TOTAL = Counter(
     "again after a busy instance's 429 (resent_busy).",
     ["stage"],
 )
-CANCELLED = Exchanged(AgentAnswer(None, None, "cancelled before it was sent"))
+CANCELLED = Exchanged(AgentAnswer(None, None, "cancelled before it was sent"), unsent=True)
 """An attempt whose task was cancelled while it waited for a place: nothing was sent."""
 RECORD_RETRY_S = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0)
 """An answer the store refused to record is tried again after each of these (the lease
@@ -168,7 +168,7 @@ class Exchanger:
             exchanged = await self._at_instance(d, progress, time.perf_counter())
             left = budget - (time.perf_counter() - started)
             wait = resend_after(exchanged.answer.status, resends, left, self.pipeline.rng)
-            if wait is None or exchanged is CANCELLED:
+            if wait is None or exchanged.unsent:  # the hub's own answer: it stands
                 return exchanged
             EXCHANGES_TOTAL.labels("resent_busy").inc()
             await asyncio.sleep(wait)
@@ -191,7 +191,7 @@ class Exchanger:
                 await places.acquire()
         except TimeoutError:
             message = f"instance at max_concurrency ({d.max_concurrency}) for {d.timeout:.1f}s"
-            return Exchanged(AgentAnswer(429, {"code": 429, "message": message}))
+            return Exchanged(AgentAnswer(429, {"code": 429, "message": message}), unsent=True)
         try:
             if queued:  # routed before it waited: the instance or the task may have moved
                 loop = asyncio.get_running_loop()
@@ -216,7 +216,7 @@ class Exchanger:
                 return CANCELLED
             if not d.ticket.trial and breaker_store.open_until(session, d.instance_id, now):
                 message = "the instance's breaker opened while the attempt waited for it"
-                return Exchanged(AgentAnswer(429, {"code": 429, "message": message}))
+                return Exchanged(AgentAnswer(429, {"code": 429, "message": message}), unsent=True)
         return None
 
     # -- one POST outside an attempt (a callback) ---------------------------------------

@@ -91,10 +91,13 @@ class HubTls:
 @dataclass(frozen=True, slots=True)
 class Exchanged:
     """What one exchange brought back: the answer as an SDK agent's envelope, and the A2A
-    verdict it came from (A2A instances only)."""
+    verdict it came from (A2A instances only). ``unsent``: the hub's own answer for an
+    attempt it did not send (no place at the instance in time, its breaker opened, its
+    task cancelled), never sent again from the loop."""
 
     answer: AgentAnswer
     verdict: a2a_rules.Verdict | None = None
+    unsent: bool = False
 
 
 class Transport(Protocol):
