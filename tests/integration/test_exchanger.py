@@ -322,6 +322,50 @@ def test_an_attempt_whose_instance_breaker_opened_while_it_waited_is_not_sent(
     assert (waited.status, waited.deferrals) == ("pending", 1)
 
 
+def test_a_task_refused_as_busy_whose_session_closes_is_not_sent_again(
+    db: sessionmaker[Session], transport: AgentTransport
+) -> None:
+    """Refused as busy, a task is not in the agent's hands: while it is sent again from
+    the loop, a close of its session cancels it before the next send."""
+    agent = HoldingAgent(slots=1)
+    try:
+        p = pipeline(db)
+        with db.begin() as s:
+            registry.register(
+                s,
+                RegisterRequest(
+                    agent_id="a", addr=agent.addr, allow_loopback=True,
+                    capabilities=[{"type": "m"}], max_concurrency=1,
+                ),
+                time.time(),
+                Policy.from_settings(SETTINGS),
+            )  # fmt: skip
+            ids = [
+                str(
+                    submission.submit(
+                        s, SubmitRequest(agent_id="a", method="m", session_id="chat-2"), time.time()
+                    )[0]["task_id"]
+                )
+                for _ in range(2)
+            ]
+        children = [exchanger(p, transport) for _ in range(2)]  # two processes' counts
+        children[0].hand_over(begun(p, ids[0]))
+        wait_until(lambda: agent.held() == 1, timeout=10, what="the first at the agent")
+        children[1].hand_over(begun(p, ids[1]))
+        wait_until(lambda: agent.busy >= 2, timeout=10, what="the second refused, sent again")
+        with db.begin() as s:
+            user_sessions.close(s, "chat-2", OPEN, time.time(), reason="user left")
+        wait_until(lambda: children[1].in_flight == 0, timeout=10, what="the second ended")
+        assert row(db, ids[1]).status == "cancelled"
+        refused = agent.busy
+        time.sleep(1.5)  # longer than any wait between resends
+        assert agent.busy == refused  # not sent again once cancelled
+        agent.release.set()
+        wait_until(lambda: children[0].in_flight == 0, timeout=10, what="the first ended")
+    finally:
+        agent.close()
+
+
 def test_an_attempt_whose_session_closed_while_it_waited_is_cancelled_unsent(
     db: sessionmaker[Session], agent: HoldingAgent, transport: AgentTransport
 ) -> None:

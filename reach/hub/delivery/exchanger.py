@@ -162,8 +162,11 @@ class Exchanger:
     async def _until_taken(self, d: Dispatch, progress: ProgressSink, started: float) -> Exchanged:
         """The exchange, sent again from the loop while the instance answers 429 (busy:
         another process's exchanges fill its slots) and the attempt's budget lasts
-        (`reach.core.delivery.busy`); the last answer otherwise."""
+        (`reach.core.delivery.busy`); the last answer otherwise. Refused, the task is not
+        in the agent's hands: before each resend it is looked at again as one that waited
+        for a place is (a closed session cancels it, an opened breaker stops it)."""
         budget, resends = d.timeout, 0
+        loop = asyncio.get_running_loop()
         while True:
             exchanged = await self._at_instance(d, progress, time.perf_counter())
             left = budget - (time.perf_counter() - started)
@@ -172,6 +175,9 @@ class Exchanger:
                 return exchanged
             EXCHANGES_TOTAL.labels("resent_busy").inc()
             await asyncio.sleep(wait)
+            held = await loop.run_in_executor(self._recorder, self._held_back, d)
+            if held is not None:
+                return held
             resends += 1
             d = replace(d, timeout=budget - (time.perf_counter() - started))
 
