@@ -54,6 +54,7 @@ class HoldingAgent:
         self.hold = hold
         self.slots = slots  # past these at once it answers 429, as an SDK agent (0: none)
         self.busy = 0  # 429s answered
+        self.tokens: list[str] = []  # each request's Authorization header
         self.release = threading.Event()
         self.lock = threading.Lock()
         self.now = 0
@@ -68,6 +69,7 @@ class HoldingAgent:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with outer.lock:
                     outer.calls += 1
+                    outer.tokens.append(self.headers.get("Authorization", ""))
                     busy = 0 < outer.slots <= outer.now
                     outer.busy += busy
                 if busy:
@@ -272,6 +274,10 @@ def test_a_busy_instance_429_is_sent_again_from_the_loop_not_deferred(
         assert agent.busy > 0  # the instance did refuse some as busy
         assert [(r.deferrals, r.attempt_seq) for r in rows] == [(0, 1)] * len(ids)
         assert agent.calls == len(ids) + agent.busy  # each 429 sent again, nothing else
+        # each send with a reach token of its own: an agent's replay guard refuses a
+        # token it has seen, even on a request it answered 429
+        assert all(t.startswith("Bearer ") for t in agent.tokens)
+        assert len(set(agent.tokens)) == agent.calls
     finally:
         agent.close()
 

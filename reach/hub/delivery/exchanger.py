@@ -175,11 +175,11 @@ class Exchanger:
                 return exchanged
             EXCHANGES_TOTAL.labels("resent_busy").inc()
             await asyncio.sleep(wait)
-            held = await loop.run_in_executor(self._recorder, self._held_back, d)
-            if held is not None:
-                return held
+            again = await loop.run_in_executor(self._recorder, self._before_resend, d)
+            if isinstance(again, Exchanged):
+                return again
             resends += 1
-            d = replace(d, timeout=budget - (time.perf_counter() - started))
+            d = replace(again, timeout=budget - (time.perf_counter() - started))
 
     async def _at_instance(self, d: Dispatch, progress: ProgressSink, started: float) -> Exchanged:
         """The exchange, once the instance has a place for it (its ``max_concurrency``
@@ -208,6 +208,12 @@ class Exchanger:
             return await self.transport.exchange(d, progress)
         finally:
             places.release()
+
+    def _before_resend(self, d: Dispatch) -> Exchanged | Dispatch:
+        """What a busy-refused exchange comes to instead of a resend (`_held_back`), or the
+        dispatch to send again, with a new reach token (the agent saw the last one)."""
+        held = self._held_back(d)
+        return held if held is not None else self.pipeline.resigned(d)
 
     def _held_back(self, d: Dispatch) -> Exchanged | None:
         """What an attempt that waited for a place at its instance comes to instead of

@@ -139,10 +139,6 @@ class Pipeline:
         headers = {"X-Reach-Task-Id": d.task_id, "X-Reach-Attempt": str(d.attempt_seq)}
         d = self._traced(d, headers)
         if self.dpolicy.sign_deliveries and d.protocol not in (PROTOCOL_A2A, PROTOCOL_MCP):
-            dp = self.dpolicy
-            signer = self.signer or Signer(
-                self.db, issuer=dp.issuer, ttl_s=dp.token_ttl_s, seal=dp.seal
-            )
             # the body is encoded once, here: the token binds these exact bytes, and they
             # are what is posted
             raw = (
@@ -150,18 +146,31 @@ class Pipeline:
                 if isinstance(d.body, dict)
                 else d.body
             )
-            token = signer.mint(
-                subject=d.caller or ANONYMOUS,
-                audience=d.agent_id,
-                task_id=d.task_id,
-                attempt_seq=d.attempt_seq,
-                method=d.method,
-                body=raw,
-                now=self.now(),
-            )
-            headers["Authorization"] = f"Bearer {token}"
+            headers["Authorization"] = f"Bearer {self._mint(d, raw)}"
             return replace(d, headers=headers, body=raw)
         return replace(d, headers=headers)
+
+    def resigned(self, d: Dispatch) -> Dispatch:
+        """``d`` with a new reach token (a new ``jti``) to send it again: an agent's replay
+        guard refuses a token it has seen, even on a request it answered 429 (busy)."""
+        if "Authorization" not in d.headers or not isinstance(d.body, bytes):
+            return d  # not signed (A2A, MCP, signing off): nothing to renew
+        return replace(d, headers={**d.headers, "Authorization": f"Bearer {self._mint(d, d.body)}"})
+
+    def _mint(self, d: Dispatch, raw: bytes) -> str:
+        dp = self.dpolicy
+        signer = self.signer or Signer(
+            self.db, issuer=dp.issuer, ttl_s=dp.token_ttl_s, seal=dp.seal
+        )
+        return signer.mint(
+            subject=d.caller or ANONYMOUS,
+            audience=d.agent_id,
+            task_id=d.task_id,
+            attempt_seq=d.attempt_seq,
+            method=d.method,
+            body=raw,
+            now=self.now(),
+        )
 
     @staticmethod
     def _traced(d: Dispatch, headers: dict[str, str]) -> Dispatch:
