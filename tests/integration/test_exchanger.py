@@ -140,7 +140,13 @@ def pipeline(db: sessionmaker[Session]) -> Pipeline:
     )
 
 
-def tasks(db: sessionmaker[Session], addr: str, n: int, max_concurrency: int = 100) -> list[str]:
+def tasks(
+    db: sessionmaker[Session],
+    addr: str,
+    n: int,
+    max_concurrency: int = 100,
+    session_id: str | None = None,
+) -> list[str]:
     with db.begin() as s:
         registry.register(
             s,
@@ -153,7 +159,8 @@ def tasks(db: sessionmaker[Session], addr: str, n: int, max_concurrency: int = 1
         )  # fmt: skip
         ids = []
         for _ in range(n):
-            view, _ = submission.submit(s, SubmitRequest(agent_id="a", method="m"), time.time())
+            request = SubmitRequest(agent_id="a", method="m", session_id=session_id)
+            view, _ = submission.submit(s, request, time.time())
             ids.append(str(view["task_id"]))
     return ids
 
@@ -336,24 +343,7 @@ def test_a_task_refused_as_busy_whose_session_closes_is_not_sent_again(
     agent = HoldingAgent(slots=1)
     try:
         p = pipeline(db)
-        with db.begin() as s:
-            registry.register(
-                s,
-                RegisterRequest(
-                    agent_id="a", addr=agent.addr, allow_loopback=True,
-                    capabilities=[{"type": "m"}], max_concurrency=1,
-                ),
-                time.time(),
-                Policy.from_settings(SETTINGS),
-            )  # fmt: skip
-            ids = [
-                str(
-                    submission.submit(
-                        s, SubmitRequest(agent_id="a", method="m", session_id="chat-2"), time.time()
-                    )[0]["task_id"]
-                )
-                for _ in range(2)
-            ]
+        ids = tasks(db, agent.addr, 2, max_concurrency=1, session_id="chat-2")
         children = [exchanger(p, transport) for _ in range(2)]  # two processes' counts
         children[0].hand_over(begun(p, ids[0]))
         wait_until(lambda: agent.held() == 1, timeout=10, what="the first at the agent")
@@ -378,24 +368,7 @@ def test_an_attempt_whose_session_closed_while_it_waited_is_cancelled_unsent(
     """A task waiting in the hub for its instance's place is not in the agent's hands: a
     close of its session (or its expiry) cancels it before it is sent."""
     p = pipeline(db)
-    with db.begin() as s:
-        registry.register(
-            s,
-            RegisterRequest(
-                agent_id="a", addr=agent.addr, allow_loopback=True,
-                capabilities=[{"type": "m"}], max_concurrency=1,
-            ),
-            time.time(),
-            Policy.from_settings(SETTINGS),
-        )  # fmt: skip
-        ids = [
-            str(
-                submission.submit(
-                    s, SubmitRequest(agent_id="a", method="m", session_id="chat-1"), time.time()
-                )[0]["task_id"]
-            )
-            for _ in range(2)
-        ]
+    ids = tasks(db, agent.addr, 2, max_concurrency=1, session_id="chat-1")
     ex = exchanger(p, transport)
     for task_id in ids:
         ex.hand_over(begun(p, task_id))
