@@ -259,7 +259,10 @@ class ProbeSettings(_Section):
         1.0, gt=0, description="probe period while the ReachScore is below fast_below_score"
     )
     retry_interval: Seconds = Field(
-        30.0, gt=0, description="probe period of an unreachable or offline instance"
+        30.0,
+        gt=0,
+        description="probe period of an offline instance; an unreachable one is probed "
+        "again after fast_interval, doubling per failed probe up to this",
     )
     fail_threshold: int = Field(
         3, ge=1, description="failed probes in a row before an instance is unreachable"

@@ -101,6 +101,18 @@ def local_ports(hub: str) -> set[int]:
     }
 
 
+def standing(stack: Stack, agent: reach.Agent) -> str:
+    """The agent's instance as the hub sees it, and its recent transitions: what a task
+    dead-lettered with ``no_route`` was told."""
+    view = {
+        k: v
+        for k, v in (stack.instance(AGENT) or {}).items()
+        if k in ("status", "routable", "probe_status", "last_probe_error", "reason", "in_flight")
+    }
+    r = requests.get(f"{stack.url}/api/v1/instances/{agent.instance_id}/events", timeout=5)
+    return f"instance {view}; events, newest first: {r.json().get('events', [])[:20]}"
+
+
 def test_send_and_wait_for_result_through_the_hub(shared_stack: Stack, agent: reach.Agent) -> None:
     hub = shared_stack.url
 
@@ -139,7 +151,10 @@ def test_a_hundred_sends_and_waits_at_once_share_one_loop_and_one_pool(
         return answers, open_pools(), local_ports(hub)
 
     before = local_ports(hub)  # the agent's own (heartbeats, on requests)
-    answers, pools, held = run(main)
+    try:
+        answers, pools, held = run(main)
+    except reach.DeadLettered as e:  # out of routing for the task's retries: say why
+        pytest.fail(f"{e}\n{standing(shared_stack, agent)}")
     assert answers == [str(n) for n in range(100)]
     assert pools == 1
     # kept for reuse while the loop ran: at most one per concurrent request, plus what the

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+
 import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
@@ -66,7 +69,7 @@ def keep_heartbeating(db: sessionmaker[Session], clock: ManualClock, policy: Pol
         )
 
 
-def test_closed_port_is_unreachable_after_exactly_three_failures_then_probed_every_30s(
+def test_closed_port_is_unreachable_after_exactly_three_failures_then_probed_less_and_less(
     db: sessionmaker[Session], policy: Policy
 ) -> None:
     clock = ManualClock()
@@ -81,19 +84,45 @@ def test_closed_port_is_unreachable_after_exactly_three_failures_then_probed_eve
     assert seen == [
         ("online", "failing", 1.0),  # score 50 (< 60): fast cadence
         ("online", "failing", 1.0),
-        ("unreachable", "unreachable", 30.0),
+        ("unreachable", "unreachable", 1.0),  # it still heartbeats: it may only be busy
     ]
     r = row(db)
     assert r.routable is False and r.last_probe_error == "connection refused"
-    # not due again for 30 s, whatever the beat tick
+    # then 1, 2, 4, 8, 16 s apart, and every 30 s (the retry interval), whatever the beat tick
     times = []
-    for _ in range(65):
-        clock.advance(1.0)
+    for _ in range(130):
         keep_heartbeating(db, clock, policy)
         if probe_round(db, clock, policy):
             times.append(clock.now())
-    assert len(times) == 2
-    assert times[1] - times[0] == 30.0
+        clock.advance(1.0)
+    assert [b - a for a, b in itertools.pairwise(times)] == [
+        2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0,
+    ]  # fmt: skip
+    assert row(db).status == "unreachable"
+
+
+def test_an_instance_too_busy_to_answer_three_probes_is_routable_a_second_after_it_answers(
+    db: sessionmaker[Session], policy: Policy
+) -> None:
+    """Its heartbeats kept coming: it was probed again a second later, not after the whole
+    retry interval (30 s) its tasks' retries would have run out in."""
+    policy = dataclasses.replace(policy, probe_timeout=0.3)
+    clock = ManualClock()
+    busy = SlowHttpListener(delay=1.0)  # answers, but past the probe's timeout
+    try:
+        register(db, clock, policy, busy.addr)
+        for _ in range(3):
+            assert len(probe_round(db, clock, policy)) == 1
+            clock.advance(1.0)
+            keep_heartbeating(db, clock, policy)
+        r = row(db)
+        assert (r.status, r.routable, r.probe_status) == ("unreachable", False, "unreachable")
+        busy.delay = 0.0  # the busy moment passes
+        assert len(probe_round(db, clock, policy)) == 1  # due a second after the third
+        r = row(db)
+        assert (r.status, r.routable, r.probe_status) == ("online", True, "ok")
+    finally:
+        busy.close()
 
 
 def test_live_listener_scores_above_95(db: sessionmaker[Session], policy: Policy) -> None:

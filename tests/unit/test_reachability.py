@@ -326,8 +326,8 @@ def test_rising_in_flight_degrades_on_the_third_rise_and_a_completion_clears_it(
         pytest.param(ONLINE, 0.0, 1.0, id="score-0"),
         pytest.param(DEGRADED, 80.0, 5.0, id="degraded-high-score"),
         pytest.param(DEGRADED, 59.9, 1.0, id="degraded-low-score"),
-        pytest.param(UNREACHABLE, 100.0, 30.0, id="unreachable-high-score"),
-        pytest.param(UNREACHABLE, 10.0, 30.0, id="unreachable-low-score"),
+        pytest.param(UNREACHABLE, 100.0, 1.0, id="unreachable-high-score"),
+        pytest.param(UNREACHABLE, 10.0, 1.0, id="unreachable-low-score"),
         pytest.param(OFFLINE, 20.0, 30.0, id="offline"),
         pytest.param(DEREGISTERED, 100.0, math.inf, id="deregistered"),
     ],
@@ -345,7 +345,31 @@ def test_next_probe_delay_follows_config() -> None:
     )
     assert next_probe_delay(ONLINE, 80.0, cfg) == 7.0
     assert next_probe_delay(ONLINE, 79.9, cfg) == 0.5
-    assert next_probe_delay(UNREACHABLE, 100.0, cfg) == 120.0
+    assert next_probe_delay(UNREACHABLE, 100.0, cfg, failures=3) == 0.5
+    assert next_probe_delay(UNREACHABLE, 100.0, cfg, failures=20) == 120.0
+    assert next_probe_delay(OFFLINE, 100.0, cfg, failures=3) == 120.0
+
+
+@pytest.mark.parametrize(
+    ("failures", "delay"),
+    [
+        pytest.param(0, 1.0, id="no-streak-known"),
+        pytest.param(3, 1.0, id="just-unreachable"),
+        pytest.param(4, 2.0, id="one-more"),
+        pytest.param(5, 4.0, id="two-more"),
+        pytest.param(7, 16.0, id="four-more"),
+        pytest.param(8, 30.0, id="capped-at-retry"),
+        pytest.param(10, 30.0, id="a-full-window"),
+        pytest.param(10_000, 30.0, id="huge-streak"),
+    ],
+)
+def test_an_unreachable_instance_is_probed_again_soon_then_less_often(
+    failures: int, delay: float
+) -> None:
+    """Its heartbeats still come: a busy moment passes in a second, a dead address costs a
+    probe per retry interval after a few."""
+    assert next_probe_delay(UNREACHABLE, 100.0, failures=failures) == delay
+    assert next_probe_delay(OFFLINE, 100.0, failures=failures) == 30.0
 
 
 def test_heartbeat_lost_but_probed_is_probed_fast() -> None:
@@ -369,7 +393,11 @@ def test_port_closes_after_ten_good_probes() -> None:
         hb = dataclasses.replace(heartbeat(), last_heartbeat=t - (t - NOW) % INTERVAL)
         result = assess(hb, window, t)
         results.append(result)
-        delays.append(next_probe_delay(result.status, result.reach_score))
+        delays.append(
+            next_probe_delay(
+                result.status, result.reach_score, failures=window.consecutive_failures
+            )
+        )
         t += delays[-1]
 
     assert [r.status for r in results[:12]] == [ONLINE] * 12
@@ -378,8 +406,8 @@ def test_port_closes_after_ten_good_probes() -> None:
     assert delays[:12] == [5.0] * 12
     assert results[12].status is UNREACHABLE
     assert results[12].routable is False
-    assert delays[12] == 30.0
-    assert t - NOW == 12 * 5.0 + 30.0
+    assert delays[12] == 1.0  # probed again soon: it may only have been busy
+    assert t - NOW == 12 * 5.0 + 1.0
 
 
 # --- config and state validation ---------------------------------------------------------------

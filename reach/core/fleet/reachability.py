@@ -25,8 +25,8 @@ wins:
 An instance with no probes yet is judged on its heartbeats alone. Alerts flag what the status
 does not already say; OFFLINE, UNREACHABLE and DEREGISTERED carry none.
 
-`next_probe_delay` turns a status and a ReachScore into the prober's cadence, and `rise_streak`
-keeps the in_flight rise counter that rule 4 reads.
+`next_probe_delay` turns a status, a ReachScore and a failure streak into the prober's
+cadence, and `rise_streak` keeps the in_flight rise counter that rule 4 reads.
 """
 
 from __future__ import annotations
@@ -304,19 +304,29 @@ def next_probe_delay(
     status: InstanceStatus,
     reach_score: float,
     cfg: ReachabilityConfig = DEFAULT_REACHABILITY_CONFIG,
+    *,
+    failures: int = 0,
 ) -> float:
     """Seconds until the next probe of an instance with this status and ReachScore.
 
-    DEREGISTERED: never again (``math.inf``). UNREACHABLE and OFFLINE: the slow retry cadence;
-    neither is routable, so nothing waits on a quick answer, and an offline instance comes
-    back through its heartbeat. Otherwise the fast cadence while the score is below
-    ``fast_below_score`` (this includes an instance kept routable while its heartbeat is lost,
-    whose score has no heartbeat credit), else the normal one.
+    DEREGISTERED: never again (``math.inf``). OFFLINE: the slow retry cadence; it is not
+    routable and comes back through its heartbeat. UNREACHABLE (its heartbeats still come:
+    the process lives, the hub's path to it failed) backs off from the fast cadence,
+    doubling per trailing failed probe (``failures``) past the threshold, up to the retry
+    cadence: an agent too busy to answer three probes in a row is back within a second or
+    two, not after the whole retry interval while its tasks run out of retries, and an
+    address that never answers costs a probe per retry interval soon after. Otherwise the
+    fast cadence while the score is below ``fast_below_score`` (this includes an instance
+    kept routable while its heartbeat is lost, whose score has no heartbeat credit), else
+    the normal one.
     """
     if status is InstanceStatus.DEREGISTERED:
         return math.inf
-    if status in (InstanceStatus.UNREACHABLE, InstanceStatus.OFFLINE):
+    if status is InstanceStatus.OFFLINE:
         return cfg.probe_retry_interval_s
+    if status is InstanceStatus.UNREACHABLE:
+        past = min(max(0, failures - cfg.probe_fail_threshold), 30)  # 2**30 s caps anyway
+        return min(cfg.probe_retry_interval_s, cfg.probe_fast_interval_s * 2.0**past)
     if reach_score < cfg.fast_below_score:
         return cfg.probe_fast_interval_s
     return cfg.probe_interval_s

@@ -213,7 +213,9 @@ def record_probe(session: Session, outcome: ProbeOutcome, now: float, policy: Po
     else:
         row.probe_status = "failing"
     verdict = reassess(session, row, now, policy)
-    row.next_probe_at = now + next_probe_delay(verdict.status, verdict.reach_score, policy.reach)
+    row.next_probe_at = now + next_probe_delay(
+        verdict.status, verdict.reach_score, policy.reach, failures=window.consecutive_failures
+    )
 
 
 def sweep(session: Session, now: float, policy: Policy) -> list[str]:
