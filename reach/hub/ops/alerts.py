@@ -245,18 +245,29 @@ def current_marks(session: Session) -> Marks:
 
 
 def rewound(session: Session, marks: Marks, last_scan: float) -> Marks:
-    """``marks`` with each table whose ids went back below its mark set again: SQLite
-    gives a new row the highest id + 1, so once retention deleted a table's newest rows,
-    new ones may take ids the mark already passed. Such a mark moves down to the newest
-    row recorded before ``last_scan`` (the rows after it are new)."""
+    """``marks`` with each table whose ids were reused set again: SQLite gives a new row
+    the highest id + 1, so once retention deleted a table's newest rows, new ones may take
+    ids the mark already passed. Reused, the table's newest id is below its mark, or the
+    row at the mark's own id was recorded after ``last_scan`` (SQLite only, the store that
+    reuses ids: the deleted rows were as many as the new ones, or fewer -- an emptied
+    table's next row takes id 1 again). Such a mark moves down to the newest row recorded
+    before ``last_scan`` (the rows after it are new). A row recorded in the moment between
+    the last tick's start and its read was pushed then and is pushed again (at least
+    once). One lookup by primary key per table: ticks stay cheap on large tables."""
     top = current_marks(session)
+    reuses_ids = session.get_bind().dialect.name == "sqlite"
     tables = (
         ("event_id", InstanceEventRow.id, InstanceEventRow.at),
         ("audit_id", AuditRow.id, AuditRow.at),
         ("dead_letter_id", DeadLetterRow.id, DeadLetterRow.created_at),
     )
     for field, row_id, at in tables:
-        if getattr(top, field) < getattr(marks, field):
+        mark = getattr(marks, field)
+        reused = getattr(top, field) < mark
+        if not reused and reuses_ids and mark > 0:
+            at_mark = session.scalar(select(at).where(row_id == mark))
+            reused = at_mark is not None and at_mark > last_scan
+        if reused:
             seen = session.scalar(select(func.max(row_id)).where(at <= last_scan))
             log.warning("alert marker %s went back: ids were reused after a deletion", field)
             marks = replace(marks, **{field: int(seen or 0)})
