@@ -73,6 +73,13 @@ def parser() -> argparse.ArgumentParser:
         "(repeatable; not with --readme: the table is measured on the defaults)",
     )
     p.add_argument(
+        "--rounds",
+        type=_rounds,
+        default=None,
+        help="alternations of the on/off parts (tokens, tracing), each a fresh hub: more "
+        "rounds tell a few per cent from a busy box's drift (default: 2 full, 1 quick)",
+    )
+    p.add_argument(
         "--cost-rate", type=float, default=None, help="the cost part's open-loop rate, msg/s"
     )
     p.add_argument(
@@ -96,6 +103,17 @@ def _hub_env(text: str) -> tuple[str, str]:
     if not sep or not name.startswith("REACH_") or not value:
         raise argparse.ArgumentTypeError(f"expected REACH_NAME=VALUE, got {text!r}")
     return name, value
+
+
+def _rounds(text: str) -> int:
+    """``--rounds``: a whole number of alternations, at least one."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of rounds >= 1, got {text!r}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -131,12 +149,13 @@ def command_of(args: argparse.Namespace, level: str, hub_env: tuple[tuple[str, s
         + (f" --only {' '.join(args.only)}" if args.only else "")
         + "".join(f" --hub-env {name}={value}" for name, value in hub_env)
         + "".join(f" --{flag} {value:g}" for flag, value in rates if value is not None)
+        + (f" --rounds {args.rounds}" if getattr(args, "rounds", None) else "")
     )
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     level = "smoke" if args.smoke else "quick" if args.quick else "full"
-    plan = scenarios.Plan(level=level, hub_env=tuple(args.hub_env))
+    plan = scenarios.Plan(level=level, hub_env=tuple(args.hub_env), rounds=args.rounds)
     # the smoke run leaves out the parts on hubs of their own that only measure scale
     # (each takes a minute even at its smallest; `--smoke --only fleet ...` runs them)
     parts = set(args.only or (set(ALL) - set(OWN_HUB) if level == "smoke" else ALL))
@@ -700,6 +719,18 @@ def targets(result: dict[str, Any]) -> list[Target]:
         )
         lost = sum(r["lost"] for runs in tokens["runs"].values() for r in runs)
         out.append(Target("tokens runs lost tasks", lost, 0))
+    traced = result.get("tracing")
+    if traced:  # issue 41: on costs at most 5 % of the hub's CPU per message, off nothing
+        cost = traced["hub_cpu_cost_pct"]
+        out += [
+            Target("tracing on: hub CPU per message over off, %", nan if cost is None else cost, 5),
+            Target("tracing off: spans exported", traced["exports_off"], 0),
+            Target(
+                "tracing runs lost tasks",
+                sum(r["lost"] for runs in traced["runs"].values() for r in runs),
+                0,
+            ),
+        ]
     return (
         out
         + slow_targets(result)

@@ -259,6 +259,7 @@ def markdown(result: dict[str, Any]) -> str:
             ),
         ]
         lines += _token_cpu(tokens)
+    lines += tracing_lines(result.get("tracing"))
     lines += slow_lines(result)
     lines += bench_semantic.lines(result)
     lines += flow_lines(result.get("flow") or {})
@@ -336,6 +337,36 @@ def inflight_lines(result: dict[str, Any]) -> list[str]:
         f"{_fmt(detail['wall_limit_s'])} s); p99 {_fmt(row.get('p99_ms'))} ms (seed 004 "
         f"after tuning: {SEED_INFLIGHT_P99_MS:,.0f} ms); hub peak RSS "
         f"{_fmt(row.get('peak_rss_mb'))} MB.",
+    ]
+
+
+def tracing_lines(traced: dict[str, Any] | None) -> list[str]:
+    """OpenTelemetry on against off (``bench.tracing``): the hub's CPU per message, each
+    round and in all."""
+    if not traced:
+        return []
+    by_role = traced["by_role_ms"]
+    roles = [r for r in ("api", "worker", "beat", "postgres", "redis") if r in by_role["on"]]
+    return [
+        "",
+        f"Tracing ({traced['rounds']} round(s) of on/off, fresh hub each, single hop at "
+        f"{_fmt(traced['rate'])}/s; on: every span exported over OTLP/HTTP to a sink on "
+        "loopback):",
+        "",
+        "| tracing | hub CPU ms/msg | " + " | ".join(roles) + " |",
+        "|---|---|" + "---|" * len(roles),
+        *(
+            f"| {mode} | {_fmt(traced[f'hub_cpu_{mode}_ms'])} | "
+            + " | ".join(_fmt(by_role[mode][r]) for r in roles)
+            + " |"
+            for mode in ("on", "off")
+        ),
+        "",
+        f"Cost: {_fmt(traced['hub_cpu_cost_pct'])} % of the hub's CPU per message (each "
+        "round, on against the off right after it: "
+        + ", ".join(f"{_fmt(c)} %" for c in traced.get("paired_cost_pct") or [])
+        + f"; median {_fmt(traced.get('paired_median_pct'))} %); spans exported with "
+        f"tracing off: {traced['exports_off']}.",
     ]
 
 

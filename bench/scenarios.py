@@ -43,6 +43,8 @@ class Plan:
     fault_callers: int = 20
     # hub settings a run measures instead of the defaults (``--hub-env``); never the table's
     hub_env: tuple[tuple[str, str], ...] = ()
+    # alternations of the on/off parts (tokens, tracing) instead of the level's (``--rounds``)
+    rounds: int | None = None
 
     @property
     def two_hop_rate(self) -> float:
@@ -141,7 +143,10 @@ class Plan:
 
     @property
     def token_rounds(self) -> int:
-        """Alternations of tokens on / off (each a fresh hub)."""
+        """Alternations of on / off (tokens, tracing; each a fresh hub): ``--rounds``, or
+        two for the full run and one otherwise."""
+        if self.rounds is not None:
+            return self.rounds
         return 2 if self.level == "full" else 1
 
     @property

@@ -19,6 +19,7 @@ off, on, and on without FastAPI's server span, alternating, each in a fresh proc
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import sys
 import threading
@@ -97,6 +98,7 @@ def measure(
         return sum(values) / len(values) if values else float("nan")
 
     on, off = mean("on", "hub_cpu_ms_per_msg"), mean("off", "hub_cpu_ms_per_msg")
+    paired = paired_costs(runs)
     return {
         "rounds": plan.token_rounds,
         "rate": plan.token_rate,
@@ -104,6 +106,8 @@ def measure(
         "hub_cpu_on_ms": round(on, 3),
         "hub_cpu_off_ms": round(off, 3),
         "hub_cpu_cost_pct": round(100 * (on - off) / off, 1) if off else None,
+        "paired_cost_pct": paired,
+        "paired_median_pct": round(statistics.median(paired), 1) if paired else None,
         "exports_off": sum(r["exports"] for r in runs["off"]),  # must be 0
         "by_role_ms": {
             mode: {
@@ -116,6 +120,18 @@ def measure(
             if rows
         },
     }
+
+
+def paired_costs(runs: dict[str, list[dict[str, Any]]]) -> list[float]:
+    """Each round's cost of tracing, in per cent: its "on" hub against the "off" hub that
+    ran right after it (a drifting box moves both alike; the spread of these says how far
+    one run's figure can be trusted)."""
+    out = []
+    for on, off in zip(runs["on"], runs["off"], strict=False):
+        a, b = on.get("hub_cpu_ms_per_msg"), off.get("hub_cpu_ms_per_msg")
+        if a is not None and b:
+            out.append(round(100 * (float(a) - float(b)) / float(b), 1))
+    return out
 
 
 def in_process(on: bool, messages: int = 3000) -> float:

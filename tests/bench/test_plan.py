@@ -69,6 +69,8 @@ def test_hub_env_refuses_what_it_cannot_measure(argv: list[str]) -> None:
         (["--only", "fleet", "--fleet-rate", "20", "--hub-env", "REACH_STORAGE__POOL_SIZE=5"],
          "full",
          "python -m bench --only fleet --hub-env REACH_STORAGE__POOL_SIZE=5 --fleet-rate 20"),
+        (["--only", "tracing", "--rounds", "6"], "full",
+         "python -m bench --only tracing --rounds 6"),
     ],
 )  # fmt: skip
 def test_the_report_quotes_the_command_that_reproduces_the_run(
@@ -80,3 +82,26 @@ def test_the_report_quotes_the_command_that_reproduces_the_run(
 
     args = parser().parse_args(argv)
     assert command_of(args, level, tuple(args.hub_env)) == command
+
+
+@pytest.mark.parametrize(
+    ("argv", "level", "rounds"),
+    [([], "full", 2), (["--quick"], "quick", 1), (["--rounds", "6"], "full", 6),
+     (["--quick", "--rounds", "3"], "quick", 3)],
+)  # fmt: skip
+def test_rounds_of_the_on_off_parts_follow_the_level_unless_given(
+    argv: list[str], level: str, rounds: int
+) -> None:
+    from bench.cli import parser
+
+    args = parser().parse_args(argv)
+    assert Plan(level=level, rounds=args.rounds).token_rounds == rounds
+
+
+@pytest.mark.parametrize("bad", ["0", "-2", "two", "1.5"])
+def test_rounds_must_be_a_whole_number_of_one_or_more(bad: str) -> None:
+    from bench.cli import parser
+
+    with pytest.raises(SystemExit) as caught:
+        parser().parse_args(["--rounds", bad])
+    assert caught.value.code == 2

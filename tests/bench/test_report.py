@@ -286,3 +286,57 @@ def test_the_in_flight_run_reads_against_its_limit_and_seed_004s_p99() -> None:
     )
     del result["details"]["inflight2000"]  # a run without the part's detail: no line
     assert "In flight:" not in markdown(result)
+
+
+def _traced(on: list[float], off: list[float], exports_off: int = 0) -> dict[str, Any]:
+    """A tracing part's result (``bench.tracing.measure``) from each round's hub CPU."""
+    from bench.tracing import paired_costs
+
+    def row(cpu: float, exports: int) -> dict[str, Any]:
+        return {"lost": 0, "hub_cpu_ms_per_msg": cpu, "exports": exports,
+                "cpu_ms_per_msg": {"api": cpu / 2, "worker": cpu / 2}}  # fmt: skip
+
+    runs = {"on": [row(c, 9) for c in on], "off": [row(c, exports_off) for c in off]}
+    mean_on, mean_off = sum(on) / len(on), sum(off) / len(off)
+    paired = paired_costs(runs)
+    return {
+        "rounds": len(on), "rate": 50.0, "runs": runs,
+        "hub_cpu_on_ms": mean_on, "hub_cpu_off_ms": mean_off,
+        "hub_cpu_cost_pct": round(100 * (mean_on - mean_off) / mean_off, 1),
+        "paired_cost_pct": paired, "paired_median_pct": sorted(paired)[len(paired) // 2],
+        "exports_off": exports_off,
+        "by_role_ms": {m: {"api": 5.0, "worker": 5.0} for m in ("on", "off")},
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("on", "off", "exports_off", "cost_met", "off_met"),
+    [
+        ([10.5, 11.0], [10.0, 10.5], 0, True, True),  # +4.9 %
+        ([10.6, 11.1], [10.0, 10.5], 0, False, True),  # +5.8 %
+        ([10.0], [10.0], 3, True, False),  # off exported spans: not off
+    ],
+)  # fmt: skip
+def test_tracing_targets_judge_the_cost_on_and_nothing_off(
+    on: list[float], off: list[float], exports_off: int, cost_met: bool, off_met: bool
+) -> None:
+    result = {**_result(), "tracing": _traced(on, off, exports_off)}
+    verdicts = {t.name: t.met for t in targets(result)}
+    assert verdicts["tracing on: hub CPU per message over off, %"] is cost_met
+    assert verdicts["tracing off: spans exported"] is off_met
+    assert verdicts["tracing runs lost tasks"] is True
+
+
+def test_tracing_rounds_are_paired_on_against_the_off_after_it() -> None:
+    from bench.tracing import paired_costs
+
+    runs = {
+        "on": [{"hub_cpu_ms_per_msg": 11.0}, {"hub_cpu_ms_per_msg": 9.0},
+               {"hub_cpu_ms_per_msg": 12.0}],
+        "off": [{"hub_cpu_ms_per_msg": 10.0}, {"hub_cpu_ms_per_msg": 10.0},
+                {"hub_cpu_ms_per_msg": None}],  # a round that failed to measure: left out
+    }  # fmt: skip
+    assert paired_costs(runs) == [10.0, -10.0]
+    text = markdown({**_result(), "tracing": _traced([10.5, 11.2], [10.0, 11.0])})
+    assert "Tracing (2 round(s) of on/off" in text
+    assert "each round, on against the off right after it: 5.0 %, 1.8 %" in text
