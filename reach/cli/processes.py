@@ -179,11 +179,10 @@ def worker(
     use_config(config)
     settings = load_settings_or_exit()
     start_logging(settings, "worker")
+    from reach.worker import launch
     from reach.worker.app import app as celery_app
 
     argv = [
-        *_quiet(settings),
-        "worker",
         f"--concurrency={concurrency}",
         f"--pool={pool.value}",
         "-Q",
@@ -197,7 +196,7 @@ def worker(
     ]
     if hostname:
         argv.append(f"--hostname={hostname}")
-    celery_app.worker_main(argv)
+    launch.run(celery_app, "worker", argv, quiet=_quiet(settings))
 
 
 def bench(ctx: typer.Context) -> None:
@@ -236,19 +235,23 @@ def beat(
     if problem:  # the lock lives in the database
         notice(f"[red]database not ready:[/red] {escape(problem)}", level=logging.ERROR)
         raise typer.Exit(2)
+    from reach.worker import launch
     from reach.worker.factory import BEAT_SCHEDULER, create_celery
     from reach.worker.logs import install
 
     beat_app = create_celery(settings, task_modules=())  # it sends by name
     install(beat_app, settings, "beat")
-    beat_app.start(
-        [*_quiet(settings), "beat", f"--loglevel={loglevel}", f"--scheduler={BEAT_SCHEDULER}"]
+    launch.run(
+        beat_app,
+        "beat",
+        [f"--loglevel={loglevel}", f"--scheduler={BEAT_SCHEDULER}"],
+        quiet=_quiet(settings),
     )
 
 
-def _quiet(settings: Settings) -> list[str]:
+def _quiet(settings: Settings) -> bool:
     """Celery's ``--quiet`` with JSON logs: its start-up banner is no log line."""
-    return ["--quiet"] if settings.logging.format == "json" else []
+    return settings.logging.format == "json"
 
 
 def flower(port: Annotated[int, typer.Option(help="Flower port")] = 5555) -> None:
@@ -266,7 +269,8 @@ def flower(port: Annotated[int, typer.Option(help="Flower port")] = 5555) -> Non
         raise typer.Exit(2)
     from reach.worker.app import app as celery_app
 
-    celery_app.start([*_quiet(settings), "flower", f"--port={port}", "--address=127.0.0.1"])
+    quiet = ["--quiet"] if _quiet(settings) else []
+    celery_app.start([*quiet, "flower", f"--port={port}", "--address=127.0.0.1"])
 
 
 def register(app: typer.Typer) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from jsonschema import Draft202012Validator, SchemaError
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -55,6 +54,10 @@ class WireModel(BaseModel):
 
 
 def check_json_schema(schema: dict[str, Any], field: str) -> dict[str, Any]:
+    # on first use: a hub process that never checks a declared schema (the worker, beat)
+    # does without the library and the ~2.5 MB it holds
+    from jsonschema import Draft202012Validator, SchemaError
+
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:

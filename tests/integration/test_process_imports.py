@@ -35,6 +35,27 @@ from reach.cli import main
 main()
 """
 
+# `reach worker` as the console script runs it, stopped where the worker would start its
+# pool: what its main process holds then, and every prefork child inherits.
+WORKER_CLI = """
+import json, os, sys
+import celery.apps.worker
+
+def stop(self, *args, **kwargs):
+    with open(os.environ["MODULES_FILE"], "w") as out:
+        json.dump(sorted(sys.modules), out)
+    raise SystemExit(0)
+
+celery.apps.worker.Worker.start = stop
+sys.argv = ["reach", "worker", "--loglevel", "WARNING", "--concurrency", "1"]
+from reach.cli import main
+main()
+"""
+
+# Celery's umbrella command loads every installed plugin of `celery` (Flower with tornado,
+# the REPL's prompt_toolkit): ~15 MB a process that runs only `worker` or `beat`.
+CELERY_PLUGINS = {"flower", "tornado", "prompt_toolkit", "click_repl"}
+
 # A worker's import of the hub: the Celery app with its task modules.
 WORKER = """
 import json, os, sys
@@ -60,6 +81,9 @@ with open(os.environ["MODULES_FILE"], "w") as out:
 
 
 LAZY_SDKS = {"mcp", "mcp_types", "a2a"}  # loaded by the first exchange that speaks them
+# loaded on first use: the MCP client's HTTP stack, the outbound POST's and the card
+# reader's client, the declared-schema checker (~8 MB a process, times every prefork child)
+LAZY_LIBS = {"httpx2", "httpcore2", "requests", "jsonschema"}
 
 
 def _modules(script: str, store_url: str, tmp_path: Path) -> set[str]:
@@ -86,6 +110,14 @@ def test_beat_loads_no_task_module_and_no_alembic(store_url: str, tmp_path: Path
     assert "reach.hub.context" not in loaded
     assert "reach.worker.app" not in loaded
     assert "alembic" not in loaded
+    assert not {m for m in loaded if m.split(".")[0] in CELERY_PLUGINS}
+
+
+def test_reach_worker_loads_no_celery_plugin(store_url: str, tmp_path: Path) -> None:
+    loaded = _modules(WORKER_CLI, store_url, tmp_path)
+    assert "celery.apps.worker" in loaded and "reach.tasks.delivery" in loaded  # it got there
+    assert not {m for m in loaded if m.split(".")[0] in CELERY_PLUGINS}
+    assert not {m for m in loaded if m.split(".")[0] in LAZY_SDKS | LAZY_LIBS}
 
 
 def test_worker_loads_no_alembic_and_no_mcp_or_a2a_sdk(store_url: str, tmp_path: Path) -> None:
@@ -94,6 +126,7 @@ def test_worker_loads_no_alembic_and_no_mcp_or_a2a_sdk(store_url: str, tmp_path:
     assert not {m for m in loaded if m.split(".")[0] in {"alembic", "mako", "pygments"}}
     assert not {m for m in loaded if m.split(".")[0] in LAZY_SDKS}
     assert "reach.hub.interop.mcp.client" in loaded  # the MCP transport is there, its SDK not
+    assert not {m for m in loaded if m.split(".")[0] in LAZY_LIBS}
 
 
 def test_api_loads_no_alembic_and_no_mcp_or_a2a_sdk(store_url: str, tmp_path: Path) -> None:
@@ -102,3 +135,4 @@ def test_api_loads_no_alembic_and_no_mcp_or_a2a_sdk(store_url: str, tmp_path: Pa
     assert not {m for m in loaded if m.split(".")[0] in {"alembic", "mako"}}
     assert not {m for m in loaded if m.split(".")[0] in LAZY_SDKS}
     assert "reach.hub.api.routes.mcp" in loaded  # /mcp and /a2a are mounted, their SDKs not
+    assert not {m for m in loaded if m.split(".")[0] in LAZY_LIBS}

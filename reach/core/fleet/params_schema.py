@@ -22,9 +22,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from functools import lru_cache
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-import jsonschema_rs
+if TYPE_CHECKING:
+    import jsonschema_rs
 
 __all__ = ["MAX_REGEX_BYTES", "payload_error", "refusal"]
 
@@ -44,9 +45,10 @@ def refusal(schema: dict[str, Any]) -> str | None:
                 f"{where or '<root>'}: {ref!r} names another document; the hub retrieves "
                 "nothing, so a schema may only refer inside itself ('#/$defs/...')"
             )
+    rs = _library()
     try:
         _build(json.dumps(schema, sort_keys=True))
-    except (jsonschema_rs.ValidationError, ValueError) as exc:
+    except (rs.ValidationError, ValueError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return (
             f"{first} (patterns must suit a linear-time regex engine: no lookaround or "
@@ -58,10 +60,15 @@ def refusal(schema: dict[str, Any]) -> str | None:
 def payload_error(schema: dict[str, Any], payload: Any) -> str | None:
     """The first way ``payload`` fails ``schema`` ("<path>: <message>"), or None when it
     satisfies it. A schema the hub cannot use (stored before `refusal` held) fails every
-    payload, with the reason: a gate the hub cannot evaluate is closed, never open."""
+    payload, with the reason: a gate the hub cannot evaluate is closed, never open. The
+    empty schema (no ``params_schema`` declared) accepts every payload, as JSON Schema says,
+    without a validator."""
+    if not schema:
+        return None
+    rs = _library()
     try:
         validator = _build(json.dumps(schema, sort_keys=True))
-    except (jsonschema_rs.ValidationError, ValueError) as exc:
+    except (rs.ValidationError, ValueError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return f"<schema>: the capability's params_schema cannot be used: {first}"
     error = next(iter(validator.iter_errors(payload)), None)
@@ -71,15 +78,22 @@ def payload_error(schema: dict[str, Any], payload: Any) -> str | None:
     return f"{where}: {error.message}"
 
 
+def _library() -> Any:
+    """The validator library, loaded with the first schema used: a worker whose agents
+    declare none never holds it (~6 MB a process)."""
+    import jsonschema_rs
+
+    return jsonschema_rs
+
+
 @lru_cache(maxsize=256)
 def _build(schema_json: str) -> jsonschema_rs.Validator:
     """Compiled once per distinct schema: building a validator costs more than using it."""
-    return jsonschema_rs.Draft202012Validator(
+    rs = _library()
+    return rs.Draft202012Validator(  # type: ignore[no-any-return]
         json.loads(schema_json),
         offline=True,  # never retrieve a document over the network
-        pattern_options=jsonschema_rs.RegexOptions(
-            size_limit=MAX_REGEX_BYTES, dfa_size_limit=MAX_REGEX_BYTES
-        ),
+        pattern_options=rs.RegexOptions(size_limit=MAX_REGEX_BYTES, dfa_size_limit=MAX_REGEX_BYTES),
     )
 
 

@@ -50,7 +50,7 @@ from reach.hub.interop.mcp.client import call_tool
 from reach.hub.interop.mcp.servers import PROTOCOL as PROTOCOL_MCP
 from reach.hub.security.networks import AddressRefusedError, GuardedResolver, literal_refusal
 from reach.hub.settings import Settings
-from reach.sdk.stream import parse_sse
+from reach.wire.sse import parse_sse
 
 if TYPE_CHECKING:
     from reach.hub.delivery.routing import Dispatch

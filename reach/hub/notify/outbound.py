@@ -13,7 +13,6 @@ from __future__ import annotations
 import socket
 from collections.abc import Mapping
 
-import requests
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from jwt import api_jws
@@ -61,6 +60,8 @@ def post(
 ) -> tuple[int | None, str | None]:
     """POST ``body`` (redirects not followed): ``(status, None)``, or ``(None, why)`` (the
     kind of failure, never the address) when no answer came."""
+    import requests  # on first use: most hub processes never post one (~3 MB each)
+
     try:
         answer = requests.post(
             url, data=body, headers=headers, timeout=timeout, allow_redirects=False

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
-import requests
 from pydantic import Field, ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -112,6 +111,8 @@ def fetch_card(url: str, timeout: float, *, allow_loopback: bool, rule: NetworkR
     if urlsplit(card_url).scheme not in ("http", "https"):
         raise InvalidAgentCard(f"card URL {card_url!r} is not http(s)")
     _check_address(card_url, allow_loopback, "card URL", rule)
+    import requests  # on first use: a worker that never reads a card does without it
+
     try:
         with requests.Session() as http:
             http.trust_env = False

@@ -22,9 +22,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import httpcore2
-import httpx2
-
 from reach.core.delivery.answers import AgentAnswer
 from reach.core.interop.mcp import servers as rules
 from reach.core.security.networks import NetworkRule
@@ -32,10 +29,13 @@ from reach.errors import McpServerUnavailable
 from reach.hub.security.networks import AddressRefusedError, judge_host
 
 if TYPE_CHECKING:
+    import httpcore2
+    import httpx2
     from mcp.client.session import ClientSession
 
-# ``mcp`` is imported by the functions that speak it, on first use: it costs every hub
-# process ~0.5 s and ~15 MB at start-up, and most hubs never reach an MCP server.
+# ``mcp`` and its HTTP stack (``httpx2``) are imported by the functions that speak it, on
+# first use: they cost every hub process ~0.5 s and ~18 MB at start-up, and most hubs never
+# reach an MCP server.
 
 ProgressFn = Callable[[float | None, str], Awaitable[None]]
 """Where a call's progress notifications go: the fraction done (None: no total), the text."""
@@ -45,41 +45,51 @@ MAX_TOOLS = 256  # a registration declares at most this many capabilities
 _MAX_PAGES = 16
 
 
-class _GuardedBackend(httpcore2.AsyncNetworkBackend):
-    """httpcore's network backend, every TCP connection judged by ``rule`` first."""
+def _guarded_backend(rule: NetworkRule) -> httpcore2.AsyncNetworkBackend:
+    """httpcore's network backend, every TCP connection judged by ``rule`` first (its
+    class is made on first use, with httpcore)."""
+    import httpcore2
 
-    def __init__(self, rule: NetworkRule) -> None:
-        self.rule = rule
-        self._inner = httpcore2.AnyIOBackend()
+    class _GuardedBackend(httpcore2.AsyncNetworkBackend):
+        """httpcore's network backend, every TCP connection judged by ``rule`` first."""
 
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore2.AsyncNetworkStream:
-        addresses, why = await asyncio.to_thread(judge_host, host, port, self.rule)
-        if why is not None:
-            raise AddressRefusedError(f"address refused: {why}")
-        return await self._inner.connect_tcp(
-            addresses[0], port, timeout, local_address, socket_options
-        )
+        def __init__(self, rule: NetworkRule) -> None:
+            self.rule = rule
+            self._inner = httpcore2.AnyIOBackend()
 
-    async def sleep(self, seconds: float) -> None:
-        await self._inner.sleep(seconds)
+        async def connect_tcp(
+            self,
+            host: str,
+            port: int,
+            timeout: float | None = None,
+            local_address: str | None = None,
+            socket_options: Iterable[Any] | None = None,
+        ) -> httpcore2.AsyncNetworkStream:
+            addresses, why = await asyncio.to_thread(judge_host, host, port, self.rule)
+            if why is not None:
+                raise AddressRefusedError(f"address refused: {why}")
+            return await self._inner.connect_tcp(
+                addresses[0], port, timeout, local_address, socket_options
+            )
+
+        async def sleep(self, seconds: float) -> None:
+            await self._inner.sleep(seconds)
+
+    return _GuardedBackend(rule)
 
 
 def _client(rule: NetworkRule | None, connect_timeout: float, timeout: float) -> httpx2.AsyncClient:
     """An HTTP client for one MCP session: no proxies from the environment, the MCP
     client's redirect rule, connections judged by ``rule`` (None: any address)."""
+    import httpcore2
+    import httpx2
+
     transport = httpx2.AsyncHTTPTransport(trust_env=False)
     if rule is not None:
         # the pool is the transport's own, built again with the guarded backend: the
         # transport keeps mapping httpx's requests and errors onto it
         transport._pool = httpcore2.AsyncConnectionPool(
-            ssl_context=ssl.create_default_context(), network_backend=_GuardedBackend(rule)
+            ssl_context=ssl.create_default_context(), network_backend=_guarded_backend(rule)
         )
     return httpx2.AsyncClient(
         transport=transport,
@@ -118,6 +128,8 @@ def described(exc: BaseException) -> str:
     """Why an MCP exchange got no answer, by kind (``timed out`` for a timeout, which
     `AgentAnswer.error_kind` reads): never the exception's text, but for the network rule's
     own refusal."""
+    import httpx2
+
     chain = _chain(exc)
 
     def has(*kinds: type[BaseException]) -> bool:
@@ -265,4 +277,6 @@ async def call_tool(
 def _transport_failed(exc: BaseException) -> bool:
     """True if the chain holds a network failure: the JSON-RPC error it also holds is the
     client's own report of a broken connection, not the server's answer."""
+    import httpx2
+
     return any(isinstance(e, httpx2.TransportError | OSError) for e in _chain(exc))
