@@ -27,6 +27,9 @@ from typing import TYPE_CHECKING, Any, Final
 if TYPE_CHECKING:
     import jsonschema_rs
 
+# ``jsonschema_rs`` is imported by the functions that validate, with the first schema used:
+# a worker whose agents declare none never holds it (~6 MB a process).
+
 __all__ = ["MAX_REGEX_BYTES", "payload_error", "refusal"]
 
 MAX_REGEX_BYTES: Final = 1 << 20
@@ -45,10 +48,11 @@ def refusal(schema: dict[str, Any]) -> str | None:
                 f"{where or '<root>'}: {ref!r} names another document; the hub retrieves "
                 "nothing, so a schema may only refer inside itself ('#/$defs/...')"
             )
-    rs = _library()
+    import jsonschema_rs
+
     try:
         _build(json.dumps(schema, sort_keys=True))
-    except (rs.ValidationError, ValueError) as exc:
+    except (jsonschema_rs.ValidationError, ValueError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return (
             f"{first} (patterns must suit a linear-time regex engine: no lookaround or "
@@ -65,10 +69,11 @@ def payload_error(schema: dict[str, Any], payload: Any) -> str | None:
     without a validator."""
     if not schema:
         return None
-    rs = _library()
+    import jsonschema_rs
+
     try:
         validator = _build(json.dumps(schema, sort_keys=True))
-    except (rs.ValidationError, ValueError) as exc:
+    except (jsonschema_rs.ValidationError, ValueError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return f"<schema>: the capability's params_schema cannot be used: {first}"
     error = next(iter(validator.iter_errors(payload)), None)
@@ -78,22 +83,17 @@ def payload_error(schema: dict[str, Any], payload: Any) -> str | None:
     return f"{where}: {error.message}"
 
 
-def _library() -> Any:
-    """The validator library, loaded with the first schema used: a worker whose agents
-    declare none never holds it (~6 MB a process)."""
-    import jsonschema_rs
-
-    return jsonschema_rs
-
-
 @lru_cache(maxsize=256)
 def _build(schema_json: str) -> jsonschema_rs.Validator:
     """Compiled once per distinct schema: building a validator costs more than using it."""
-    rs = _library()
-    return rs.Draft202012Validator(  # type: ignore[no-any-return]
+    import jsonschema_rs
+
+    return jsonschema_rs.Draft202012Validator(
         json.loads(schema_json),
         offline=True,  # never retrieve a document over the network
-        pattern_options=rs.RegexOptions(size_limit=MAX_REGEX_BYTES, dfa_size_limit=MAX_REGEX_BYTES),
+        pattern_options=jsonschema_rs.RegexOptions(
+            size_limit=MAX_REGEX_BYTES, dfa_size_limit=MAX_REGEX_BYTES
+        ),
     )
 
 

@@ -2,7 +2,7 @@
 ``initialize`` then ``tools/list`` (registration and the beat's re-read), ``ping`` (probes)
 and ``tools/call`` (delivery, on the exchanger's event loop: no worker slot waits on it).
 
-Every connection is judged by the hub's network rule as it is made (`_GuardedBackend`: the
+Every connection is judged by the hub's network rule as it is made (`GuardedBackend`: the
 name is resolved, every address judged, and the first judged address is the one
 connected, so DNS cannot answer differently between the check and the connection), as
 aiohttp's `GuardedResolver` does for the other wires. Redirects are the ``mcp`` client's:
@@ -17,7 +17,7 @@ import asyncio
 import json
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -26,10 +26,9 @@ from reach.core.delivery.answers import AgentAnswer
 from reach.core.interop.mcp import servers as rules
 from reach.core.security.networks import NetworkRule
 from reach.errors import McpServerUnavailable
-from reach.hub.security.networks import AddressRefusedError, judge_host
+from reach.hub.security.networks import AddressRefusedError
 
 if TYPE_CHECKING:
-    import httpcore2
     import httpx2
     from mcp.client.session import ClientSession
 
@@ -45,51 +44,20 @@ MAX_TOOLS = 256  # a registration declares at most this many capabilities
 _MAX_PAGES = 16
 
 
-def _guarded_backend(rule: NetworkRule) -> httpcore2.AsyncNetworkBackend:
-    """httpcore's network backend, every TCP connection judged by ``rule`` first (its
-    class is made on first use, with httpcore)."""
-    import httpcore2
-
-    class _GuardedBackend(httpcore2.AsyncNetworkBackend):
-        """httpcore's network backend, every TCP connection judged by ``rule`` first."""
-
-        def __init__(self, rule: NetworkRule) -> None:
-            self.rule = rule
-            self._inner = httpcore2.AnyIOBackend()
-
-        async def connect_tcp(
-            self,
-            host: str,
-            port: int,
-            timeout: float | None = None,
-            local_address: str | None = None,
-            socket_options: Iterable[Any] | None = None,
-        ) -> httpcore2.AsyncNetworkStream:
-            addresses, why = await asyncio.to_thread(judge_host, host, port, self.rule)
-            if why is not None:
-                raise AddressRefusedError(f"address refused: {why}")
-            return await self._inner.connect_tcp(
-                addresses[0], port, timeout, local_address, socket_options
-            )
-
-        async def sleep(self, seconds: float) -> None:
-            await self._inner.sleep(seconds)
-
-    return _GuardedBackend(rule)
-
-
 def _client(rule: NetworkRule | None, connect_timeout: float, timeout: float) -> httpx2.AsyncClient:
     """An HTTP client for one MCP session: no proxies from the environment, the MCP
     client's redirect rule, connections judged by ``rule`` (None: any address)."""
     import httpcore2
     import httpx2
 
+    from reach.hub.interop.mcp.guarded import GuardedBackend
+
     transport = httpx2.AsyncHTTPTransport(trust_env=False)
     if rule is not None:
         # the pool is the transport's own, built again with the guarded backend: the
         # transport keeps mapping httpx's requests and errors onto it
         transport._pool = httpcore2.AsyncConnectionPool(
-            ssl_context=ssl.create_default_context(), network_backend=_guarded_backend(rule)
+            ssl_context=ssl.create_default_context(), network_backend=GuardedBackend(rule)
         )
     return httpx2.AsyncClient(
         transport=transport,
