@@ -253,8 +253,10 @@ def test_tracing_off_exports_nothing_and_passes_the_trace_on(
         task_id = r.json()["task_id"]
 
         def continued() -> list[Span] | None:
+            # each process exports on its own schedule: the agent's span may come first
             spans = receiver.of_trace(trace_id)
-            return spans if named(spans, "reach.handle work.do") else None
+            done = named(spans, "reach.handle work.do") and named(spans, "reach.attempt work.do")
+            return spans if done else None
 
         spans = wait_until(continued, timeout=30, what="the worker's and agent's spans")
         (attempt,) = named(spans, "reach.attempt work.do")
