@@ -19,6 +19,7 @@ from reach.hub.storage import create_engine_for, upgrade_database
 from tests.support.ports import free_port
 from tests.support.stacks import HubProcess, Stack, hub_env, start_stack, stop_stack, wait_http_ok
 from tests.support.stores import (
+    CLONES,
     PG_URL_TEMPLATE,
     STORES,
     flushed_redis,
@@ -33,6 +34,7 @@ def pg_template() -> Iterator[str]:
     pg(f'CREATE DATABASE "{name}"')
     upgrade_database(PG_URL_TEMPLATE.format(db=name))
     yield name
+    CLONES.close()  # the spare clone and the databases still being dropped
     pg(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
