@@ -25,7 +25,7 @@ def outbox_relay() -> dict[str, int]:
         due = outbox.scheduled(session, now)  # deferrals: expected, not a net's catch
         left_behind = outbox.unpublished(session, now, grace=2.0)
         recovery = outbox.recover(
-            session, now, ctx.delivery_policy, _rng, backlog=ctx.dispatcher.backlog()
+            session, now, ctx.delivery_policy, _rng, backlog=ctx.dispatcher.backlog
         )
     # one publication per attempt, even when two nets found the same one
     found = due + left_behind + recovery.publish

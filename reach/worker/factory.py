@@ -15,7 +15,7 @@ from celery import Celery
 
 from reach.core.flow.priority import WORKER_QUEUES
 from reach.hub.settings import Settings
-from reach.worker import redis_broker
+from reach.worker import broker_schemes
 from reach.worker.beat_lock import CONFIG_KEY, BeatLockConfig
 from reach.worker.schedule import beat_schedule
 
@@ -109,7 +109,7 @@ def create_celery(settings: Settings, task_modules: Sequence[str] = TASK_MODULES
     """The hub's Celery app. Beat passes no task modules: it sends the schedule's tasks by
     name, and importing them would load the whole hub into it (about 20 MB)."""
     config = celery_config(settings)
-    redis_broker.install()  # redis:// and rediss:// survive a Redis restart
+    broker_schemes.install()  # redis:// and rediss:// survive a Redis restart
     for url in (settings.storage.resolved_broker_url, config["result_backend"]):
         _make_sqlite_parent(url)
     app = Celery("reach", include=list(task_modules))

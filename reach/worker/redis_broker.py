@@ -18,21 +18,21 @@ by it: the message is still in Redis's unacked index (restored after the visibil
 timeout; the hub's claim keeps a finished task from running twice) or, after a restart
 without persistence, gone with Redis and republished by the hub's overdue scan.
 
-`install` makes kombu's ``redis`` and ``rediss`` schemes resolve to this transport, rather
-than naming it in ``broker_transport``: the broker URL keeps its scheme, so a ``rediss``
-URL keeps kombu's TLS handling and Flower (which picks its broker client by scheme) still
-reads the queues.
+`reach.worker.broker_schemes.install` makes kombu's ``redis`` and ``rediss`` schemes
+resolve to this transport, by name: this module (and redis-py) loads with the first Redis
+connection.
 """
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any
 
-from kombu import transport as kombu_transport
 from kombu.transport import redis as kombu_redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-SCHEMES: Final = ("redis", "rediss")
+from reach.worker.broker_schemes import SCHEMES, install
+
+__all__ = ["SCHEMES", "Channel", "Transport", "install"]
 
 
 class Channel(kombu_redis.Channel):
@@ -44,11 +44,3 @@ class Channel(kombu_redis.Channel):
 
 class Transport(kombu_redis.Transport):
     Channel = Channel
-
-
-def install() -> None:
-    """Resolve ``redis://`` and ``rediss://`` to `Transport` in this process (idempotent)."""
-    for scheme in SCHEMES:
-        kombu_transport.TRANSPORT_ALIASES[scheme] = f"{__name__}:Transport"
-        # kombu caches what a name resolved to: one resolved before this resolves again
-        kombu_transport._transport_cache.pop(scheme, None)

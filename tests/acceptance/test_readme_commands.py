@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -35,6 +36,15 @@ def test_first_command_from_a_fresh_clone(tmp_path: Path) -> None:
     diff = subprocess.run(["git", "diff", "HEAD"], cwd=REPO, capture_output=True, check=True).stdout
     if diff:
         subprocess.run(["git", "apply", "--allow-empty"], cwd=clone, input=diff, check=True)
+    new = subprocess.run(  # and new files git does not know yet (a diff leaves them out)
+        ["git", "ls-files", "-z", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout
+    for name in filter(None, new.decode().split("\0")):
+        (clone / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, clone / name)
     run, _ = readme_commands()
     port = free_port()
     env = {
@@ -72,10 +82,13 @@ def test_first_command_from_a_fresh_clone(tmp_path: Path) -> None:
     finally:
         import os
 
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
+        try:  # the group is gone if `reach up` already exited (the failure above says why)
+            os.killpg(proc.pid, signal.SIGINT)
             proc.wait(timeout=30)
+        except ProcessLookupError:
+            proc.wait()
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        log.close()
+        finally:
+            log.close()

@@ -171,6 +171,13 @@ def test_errors_are_the_typed_errors_of_the_sync_api(
     viewer = make_key(shared_store_url, Scope.VIEWER)
     refused = reach.send(agent_id=AGENT, method="refuse", hub=hub).task_id
     held = reach.send(agent_id=AGENT, method="hold", hub=hub).task_id
+    # delivered before its timeouts are compared: on a loaded box it once sat pending past
+    # every case below, and its status is in both clients' ResultTimeout
+    wait_until(
+        lambda: reach.get_task(held, hub=hub)["status"] == "executing",
+        timeout=120,
+        what="the held task delivered",
+    )
     cases: list[tuple[type[reach.ReachError], Callable[[], Any], Callable[[], Awaitable[Any]]]] = [
         (
             reach.UnknownTask,

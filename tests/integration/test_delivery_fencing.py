@@ -203,6 +203,34 @@ def test_overdue_attempts_behind_a_backlog_are_waiting_not_lost(
         assert [p.task_id for p in recovery.publish] == [task_id]
 
 
+def test_the_broker_is_asked_for_its_backlog_only_when_an_attempt_is_overdue(
+    db: sessionmaker[Session], agent: EnvelopeServer
+) -> None:
+    """The relay ticks every second: a queue-depth round trip to the broker on each tick
+    (a fresh connection) was most of an idle tick's CPU, and it decides nothing unless
+    an attempt is overdue."""
+    asked: list[int] = []
+
+    def depth() -> int:
+        asked.append(1)
+        return 5000  # a deep queue: the overdue attempt is waiting its turn
+
+    clock = ManualClock()
+    task_id = setup(db, clock, agent.addr)
+    dpolicy = DeliveryPolicy.from_settings(SETTINGS)
+    with db.begin() as s:  # pending, not yet overdue
+        recovery = outbox.recover(s, clock.now(), dpolicy, random.Random(1), backlog=depth)
+    assert recovery.publish == []
+    assert asked == []
+    clock.advance(dpolicy.republish_grace + 1)
+    with db.begin() as s:
+        recovery = outbox.recover(s, clock.now(), dpolicy, random.Random(1), backlog=depth)
+    assert asked == [1] and recovery.publish == []
+    with db.begin() as s:  # the queue drained
+        recovery = outbox.recover(s, clock.now(), dpolicy, random.Random(1), backlog=lambda: 0)
+    assert [p.task_id for p in recovery.publish] == [task_id]
+
+
 @pytest.mark.parametrize(
     ("timeout_ms", "read"),
     [(60_000, 5.0), (2_000, 2.0), (10, 0.05)],  # the router's cap, the task's own, the floor

@@ -136,3 +136,12 @@ def test_api_loads_no_alembic_and_no_mcp_or_a2a_sdk(store_url: str, tmp_path: Pa
     assert not {m for m in loaded if m.split(".")[0] in LAZY_SDKS}
     assert "reach.hub.api.routes.mcp" in loaded  # /mcp and /a2a are mounted, their SDKs not
     assert not {m for m in loaded if m.split(".")[0] in LAZY_LIBS}
+    # the API opens no aiohttp connection: the connector's resolver is the worker's
+    # (0.13 s of every `reach api` start)
+    assert "reach.hub.security.networks" in loaded
+    assert not {m for m in loaded if m.split(".")[0] == "aiohttp"}
+    # nor redis-py: kombu loads the hub's Redis transport with the first Redis connection
+    # (reach.worker.broker_schemes), and a hub on the embedded broker never does
+    assert "reach.worker.factory" in loaded
+    assert not {m for m in loaded if m.split(".")[0] == "redis"}
+    assert "reach.worker.redis_broker" not in loaded

@@ -92,7 +92,11 @@ class Clones:
         return name
 
     def drop(self, name: str) -> None:
-        """Drop a test's database in the background (with its connections, as before)."""
+        """Drop a test's database in the background (with its connections, as before).
+        Finished drops are let go here, a failed one raising (in the next test's teardown)."""
+        for done in [d for d in self._drops if d.done()]:
+            self._drops.remove(done)
+            done.result()
         self._drops.append(self._executor().submit(self._drop_now, name))
 
     @staticmethod

@@ -196,9 +196,12 @@ def recover(
     dpolicy: DeliveryPolicy,
     rng: random.Random,
     limit: int = 500,
-    backlog: int | None = None,
+    backlog: int | Callable[[], int | None] | None = None,
 ) -> Recovery:
-    """Run the three nets. ``backlog`` is the delivery queue's depth, if known.
+    """Run the three nets. ``backlog`` is the delivery queue's depth, if known, or how
+    to ask the broker for it: asked only when an attempt is overdue (the relay ticks
+    every second, and a broker round trip on a fresh connection was most of an idle
+    tick's CPU).
 
     An overdue pending attempt is presumed lost only while the queue is (nearly) empty:
     behind a backlog it is simply waiting its turn, and republishing every waiting
@@ -208,26 +211,18 @@ def recover(
     """
     grace = dpolicy.republish_grace
     publish: list[Publish] = []
-    behind = backlog is not None and backlog > dpolicy.republish_backlog
-    overdue = (
-        []
-        if behind
-        else session.scalars(
-            _skip_locked(
-                session,
-                (
-                    select(TaskRow)
-                    .where(TaskRow.status == TaskStatus.PENDING)
-                    .where(TaskRow.next_attempt_at <= now - grace)
-                    .where(
-                        (TaskRow.last_published_at.is_(None))
-                        | (TaskRow.last_published_at <= now - grace)
-                    )
-                    .limit(limit)
-                ),
-            )
-        ).all()
+    due = (
+        select(TaskRow)
+        .where(TaskRow.status == TaskStatus.PENDING)
+        .where(TaskRow.next_attempt_at <= now - grace)
+        .where((TaskRow.last_published_at.is_(None)) | (TaskRow.last_published_at <= now - grace))
     )
+    overdue: Sequence[TaskRow] = []
+    # a plain read first: the broker is asked, and rows are locked, only when one is overdue
+    if session.scalar(due.with_only_columns(TaskRow.task_id).limit(1)) is not None:
+        depth = backlog() if callable(backlog) else backlog
+        if depth is None or depth <= dpolicy.republish_backlog:
+            overdue = session.scalars(_skip_locked(session, due.limit(limit))).all()
     for task in overdue:
         task.last_published_at = now
         record_event(

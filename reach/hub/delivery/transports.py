@@ -48,7 +48,8 @@ from reach.hub.interop.a2a import PROTOCOL as PROTOCOL_A2A
 from reach.hub.interop.a2a.exchange import Peer, envelope_of
 from reach.hub.interop.mcp.client import call_tool
 from reach.hub.interop.mcp.servers import PROTOCOL as PROTOCOL_MCP
-from reach.hub.security.networks import AddressRefusedError, GuardedResolver, literal_refusal
+from reach.hub.security.networks import AddressRefusedError, literal_refusal
+from reach.hub.security.resolver import GuardedResolver
 from reach.hub.settings import Settings
 from reach.wire.sse import parse_sse
 
@@ -116,7 +117,7 @@ class AgentHttp:
     from the environment.
 
     ``network``: the addresses agents may be called at (`reach.core.security.networks`), judged
-    as each connection is made (`reach.hub.security.networks.GuardedResolver`); None: any (tools
+    as each connection is made (`reach.hub.security.resolver.GuardedResolver`); None: any (tools
     and tests; the worker always passes the hub's rule). A POST may name another rule
     (a callback's) or none (the hub's own replicas, for the channel)."""
 

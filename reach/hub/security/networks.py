@@ -1,11 +1,12 @@
 """The hub's side of ``reach.core.security.networks``: names resolved, their addresses judged.
 
 `judge_host` is the check made at registration and before each probe (it returns the
-addresses it judged, so a probe connects to exactly those); `GuardedResolver` is the one
-an aiohttp connector uses, so every connection a delivery or a callback opens is judged
-at connection time (a name that answered a public address at registration and a
-loopback one now is refused, whatever was checked before). An IP literal never reaches a
-resolver: `literal_refusal` judges it before the request.
+addresses it judged, so a probe connects to exactly those); `GuardedResolver`
+(`reach.hub.security.resolver`) is the one an aiohttp connector uses, so every
+connection a delivery or a callback opens is judged at connection time (a name that
+answered a public address at registration and a loopback one now is refused, whatever
+was checked before). An IP literal never reaches a resolver: `literal_refusal` judges it
+before the request.
 """
 
 from __future__ import annotations
@@ -13,9 +14,6 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
-
-from aiohttp.abc import AbstractResolver, ResolveResult
-from aiohttp.resolver import ThreadedResolver
 
 from reach.core.security.networks import NetworkRule, as_address
 
@@ -54,27 +52,6 @@ def judge_host(
 
 def literal_refusal(url: str, rule: NetworkRule) -> str | None:
     """The rule's refusal of ``url``'s host when it is an IP literal (a name is judged by
-    `GuardedResolver` as the connection is made)."""
+    ``GuardedResolver`` as the connection is made)."""
     host = urlsplit(url).hostname or ""
     return rule.refusal(host) if is_literal(host) else None
-
-
-class GuardedResolver(AbstractResolver):
-    """aiohttp's threaded resolver, whose every answer is judged by ``rule``: one refused
-    address refuses the name (`AddressRefusedError`), and nothing is connected."""
-
-    def __init__(self, rule: NetworkRule) -> None:
-        self.rule = rule
-        self._inner = ThreadedResolver()
-
-    async def resolve(
-        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-    ) -> list[ResolveResult]:
-        found = await self._inner.resolve(host, port, family)
-        refusal = self.rule.first_refusal(r["host"] for r in found)
-        if refusal is not None:
-            raise AddressRefusedError(f"address refused: {refusal}")
-        return found
-
-    async def close(self) -> None:
-        await self._inner.close()
