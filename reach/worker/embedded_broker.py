@@ -18,9 +18,10 @@ from typing import Any
 from kombu.transport import sqlalchemy as kombu_sqla
 from kombu.utils.scheduling import FairCycle
 from sqlalchemy import event
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 POLLING_INTERVAL = 0.05
+TABLE_RACE_TRIES = 5
 
 
 class InOrder(FairCycle):
@@ -46,6 +47,19 @@ class Channel(kombu_sqla.Channel):
         except IntegrityError:
             self.session.rollback()
             return self.session.query(self.queue_cls).filter(self.queue_cls.name == queue).one()
+
+    def _open(self) -> Any:
+        # kombu creates its tables (create_all, which checks first) when a process first
+        # opens the broker; the API, the worker and beat open a new embedded broker at
+        # once, and the loser got "table kombu_queue already exists", which the worker
+        # took for a lost broker connection. The winner made the table: open again.
+        for _ in range(TABLE_RACE_TRIES - 1):
+            try:
+                return super()._open()  # type: ignore[no-untyped-call]
+            except OperationalError as exc:
+                if "already exists" not in str(exc):
+                    raise
+        return super()._open()  # type: ignore[no-untyped-call]
 
     def _engine_from_config(self) -> Any:
         engine = super()._engine_from_config()  # type: ignore[no-untyped-call]

@@ -1,5 +1,6 @@
-"""The embedded broker when another process declares the same queue first (the API,
-the worker and beat all declare at start-up; kombu's own guard is per process)."""
+"""The embedded broker when another process creates its tables or declares the same queue
+first (the API, the worker and beat all open it at start-up; kombu's own guard is per
+process)."""
 
 from __future__ import annotations
 
@@ -34,3 +35,35 @@ def test_losing_the_queue_creation_race_reads_the_winners_row(
         queue = channel._get_or_create("reach")
         assert queue.name == "reach"
         assert lookups["n"] == 3  # two misses (kombu's), then our re-read after the conflict
+
+
+def test_losing_the_table_creation_race_opens_the_broker_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process's create_all made a table between ours checking and creating it: a
+    worker took that for a lost broker connection (tests/faults/test_embedded_load.py)."""
+    from kombu.transport import sqlalchemy as kombu_sqla
+
+    from reach.worker.embedded_broker import Channel
+
+    real_create_all = kombu_sqla.metadata.create_all
+    calls = {"n": 0}
+
+    def racing_create_all(engine: Any, *args: Any, **kwargs: Any) -> None:
+        calls["n"] += 1
+        real_create_all(engine, *args, **kwargs)
+        if calls["n"] == 1:  # the other process's table landed first
+            raise sqlalchemy.exc.OperationalError(
+                "CREATE TABLE kombu_queue",
+                {},
+                sqlite3.OperationalError("table kombu_queue already exists"),
+            )
+
+    monkeypatch.setattr(kombu_sqla.metadata, "create_all", racing_create_all)
+    monkeypatch.setattr(Channel, "_engines", {})  # this process has not opened it yet
+    url = f"sqlite:///{tmp_path}/broker.db"
+    with Connection(url, transport="reach.worker.embedded_broker:Transport") as conn:
+        producer = conn.Producer()
+        producer.publish({"n": 1}, routing_key="reach", declare=[conn.SimpleQueue("reach").queue])
+        assert conn.SimpleQueue("reach").get(timeout=5).payload == {"n": 1}
+    assert calls["n"] == 2  # lost once, then opened again
