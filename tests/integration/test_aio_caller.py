@@ -170,9 +170,10 @@ def test_errors_are_the_typed_errors_of_the_sync_api(
     down = f"http://127.0.0.1:{free_port()}"  # nobody listens
     viewer = make_key(shared_store_url, Scope.VIEWER)
     refused = reach.send(agent_id=AGENT, method="refuse", hub=hub).task_id
-    held = reach.send(agent_id=AGENT, method="hold", hub=hub).task_id
-    # delivered before its timeouts are compared: on a loaded box it once sat pending past
-    # every case below, and its status is in both clients' ResultTimeout
+    # held for the whole test: with the default 30 s, a loaded box ran the cases below past
+    # its timeout, and the task went back to pending for its retry mid-comparison
+    held = reach.send(agent_id=AGENT, method="hold", hub=hub, timeout_ms=600_000).task_id
+    # delivered before its timeouts are compared: its status is in both clients' ResultTimeout
     wait_until(
         lambda: reach.get_task(held, hub=hub)["status"] == "executing",
         timeout=120,
